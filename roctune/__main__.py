@@ -1,0 +1,4 @@
+"""`python -m roctune` runs the CLI."""
+from roctune.cli import main
+
+raise SystemExit(main())

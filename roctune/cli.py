@@ -1,0 +1,65 @@
+"""The `roctune` command line. Each command lives in `roctune/commands/<name>.py` with two functions:
+`register(subparsers)` (adds its parser; imports nothing heavy) and `run(args) -> int`.
+This module is the only place that turns a RoctuneError into one line on stderr and an exit code."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from roctune import __version__
+from roctune.errors import RoctuneError
+
+# Order here is the order in `roctune --help`.
+COMMANDS = [
+    "doctor",
+    "data",
+    "train",
+    "chat",
+    "generate",
+    "merge",
+    "estimate",
+    "bench",
+    "serve",
+    "webui",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="roctune",
+        description="LoRA fine-tuning of open LLMs on AMD (ROCm), NVIDIA (CUDA) and the CPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"roctune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"roctune.commands.{name}")
+        except ModuleNotFoundError as e:  # a command not written yet, or its module missing
+            if e.name == f"roctune.commands.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except RoctuneError as e:
+        print(f"roctune {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"roctune {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""What this machine can do, for training and inference: device, dtype and attention kernel, each
+returned with the reason shown to the user. ROCm and CUDA are one path: PyTorch exposes ROCm through
+`torch.cuda` (with `torch.version.hip` set), so the code asks "is there an accelerator" and never
+"is this NVIDIA". Hardware facts read from sysfs for `roctune doctor` live in `roctune.doctor`.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from roctune.errors import ConfigError, EnvironmentProblem
+
+
+@dataclass
+class Choice:
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.value} ({self.reason})"
+
+
+def torch_backend() -> str:
+    """'rocm', 'cuda' or 'cpu': what the installed torch was built for."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return "rocm"
+    if getattr(torch.version, "cuda", None):
+        return "cuda"
+    return "cpu"
+
+
+def accelerator_name(index: int = 0) -> str:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    arch = getattr(props, "gcnArchName", "")
+    return f"{props.name}{' (' + arch.split(':')[0] + ')' if arch else ''}"
+
+
+def choose_device(requested: str = "auto") -> Choice:
+    import torch
+
+    backend = torch_backend()
+    label = "ROCm" if backend == "rocm" else "CUDA"
+    if requested == "cpu":
+        return Choice("cpu", "asked for with --device cpu")
+    if requested not in ("auto", "cuda"):
+        raise ConfigError(f"--device {requested!r}: expected auto, cuda or cpu")
+    if torch.cuda.is_available():
+        return Choice("cuda", f"{label} GPU {accelerator_name(0)}")
+    if requested == "cuda":
+        if backend == "cpu":
+            raise EnvironmentProblem("--device cuda: this torch is a CPU-only build; install the ROCm or CUDA "
+                                     "build of torch (see `roctune doctor`), or use --device cpu")
+        raise EnvironmentProblem(f"--device cuda: torch is a {label} build but sees no GPU; run `roctune "
+                                 "doctor` for the cause and fix, or use --device cpu")
+    return Choice("cpu", "no GPU visible to torch (run `roctune doctor` if you expected one)")
+
+
+def bf16_supported(device: str) -> bool:
+    import torch
+
+    if device != "cuda":
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except Exception:  # older builds, odd devices
+        return False
+
+
+def choose_dtype(requested: str, device: str) -> Choice:
+    """bf16 on GPUs that support it, fp16 on other GPUs, fp32 on the CPU.
+
+    On the CPU bf16 matmul is hundreds of times slower than fp32 on machines without AMX/AVX512-BF16,
+    so fp32 is the only sensible default there.
+    """
+    if requested not in ("auto", "bf16", "fp16", "fp32"):
+        raise ConfigError(f"--dtype {requested!r}: expected auto, bf16, fp16 or fp32")
+    if requested != "auto":
+        if device == "cpu" and requested in ("bf16", "fp16"):
+            return Choice(requested, "asked for; note: on most CPUs half-precision matmul is far slower than fp32")
+        if requested == "bf16" and not bf16_supported(device):
+            raise EnvironmentProblem("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
+        return Choice(requested, "asked for with --dtype")
+    if device == "cpu":
+        return Choice("fp32", "CPU: fp32 matmul is far faster than bf16 here")
+    if bf16_supported(device):
+        return Choice("bf16", "GPU supports bf16")
+    return Choice("fp16", "GPU has no bf16 support")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def choose_attention(requested: str, device: str, dtype: str) -> Choice:
+    """flash_attention_2 when installed on a GPU in half precision, else sdpa (PyTorch's fused kernels,
+    including AOTriton on ROCm), else eager."""
+    valid = ("auto", "eager", "sdpa", "flash_attention_2")
+    if requested not in valid:
+        raise ConfigError(f"--attn {requested!r}: expected one of {', '.join(valid)}")
+    if requested == "flash_attention_2":
+        if not flash_attn_available():
+            raise EnvironmentProblem("--attn flash_attention_2: the flash-attn package is not installed; "
+                                     "install the build for your GPU (ROCm: the ROCm/flash-attention fork) "
+                                     "or use --attn sdpa")
+        if device == "cpu" or dtype == "fp32":
+            raise EnvironmentProblem("--attn flash_attention_2 needs a GPU and --dtype bf16 or fp16; use --attn sdpa")
+        return Choice(requested, "asked for with --attn")
+    if requested != "auto":
+        return Choice(requested, "asked for with --attn")
+    if device != "cpu" and dtype != "fp32" and flash_attn_available():
+        return Choice("flash_attention_2", "flash-attn is installed and the GPU runs in half precision")
+    if device == "cpu":
+        return Choice("sdpa", "PyTorch scaled_dot_product_attention (fastest kernel on the CPU)")
+    return Choice("sdpa", "PyTorch scaled_dot_product_attention; flash-attn is not installed")
