@@ -6,11 +6,14 @@ A conversation is `[{"role": "system"|"user"|"assistant", "content": str}, ...]`
 - OpenAI chat: `messages: [{role, content}]`
 - sharegpt: `conversations: [{from, value}]` (from: human/user, gpt/assistant/model, system)
 - prompt/completion: `prompt`, `completion`
-Files: JSON array or JSON Lines (one object per line). Errors name the file, the line (JSONL) or record
-index (JSON array) and the field.
+Files: JSON Lines, JSON array, CSV/TSV (structured cells as JSON text) and Parquet, all streamed; a
+LLaMA-Factory data directory as DIR:name (dataset_info.json: file_name, formatting, columns, tags).
+Errors name the file, the line (JSONL, CSV) or record index (JSON array, Parquet) and the field.
 """
 from __future__ import annotations
 
+import codecs
+import csv
 import json
 import os
 import random
@@ -43,79 +46,455 @@ class Record:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def _open_text(path: str):
-    return open(path, "r", encoding="utf-8")
+# Every reader streams: JSON Lines line by line, JSON arrays through an incremental decoder, CSV row by row
+# and Parquet in record batches, so a file of any size is never read whole.
+# A reader that meets a bad record either raises a DataError or, given `on_error`, hands the error to it and
+# carries on with the next record where the format allows it (JSONL lines, JSON array items, CSV rows).
+
+_CHUNK = 1 << 20
+# Fields that hold structured values; in a CSV file their cells are JSON text.
+_JSON_COLUMNS = ("messages", "conversations", "history")
+FILE_KINDS = ("jsonl", "json", "csv", "parquet")
 
 
-def iter_raw(path: str) -> Iterator[tuple[str, dict]]:
-    """Yield (location, object) for each record of a JSON array or JSON Lines file, streaming JSONL.
+def _fail(on_error, err: DataError) -> None:
+    if on_error is None:
+        raise err
+    on_error(err)
 
-    Raises DataError naming the line for invalid JSON, non-UTF-8 bytes, or a record that is not an object.
-    """
+
+def _check_path(path: str) -> None:
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file (check the path given to --data)")
     if os.path.isdir(path):
-        raise DataError(f"{path}: is a directory; give a .json or .jsonl file")
-    first = _first_char(path)
-    if first is None:
-        raise DataError(f"{path}: the file is empty; add at least one example")
-    if first == "[":
-        yield from _iter_json_array(path)
+        raise DataError(f"{path}: is a directory; give a .jsonl, .json, .csv or .parquet file, or a "
+                        "LLaMA-Factory data directory (with dataset_info.json) as DIR:name")
+
+
+def _first_byte(path: str) -> bytes | None:
+    """The first byte that is not whitespace or a UTF-8 byte-order mark, or None for an empty file."""
+    with open(path, "rb") as f:
+        head = f.read(3)
+        if head != b"\xef\xbb\xbf":
+            f.seek(0)
+        while True:
+            chunk = f.read(4096)
+            if not chunk:
+                return None
+            stripped = chunk.lstrip(b" \t\r\n")
+            if stripped:
+                return stripped[:1]
+
+
+def file_kind(path: str) -> str:
+    """'jsonl', 'json', 'csv' or 'parquet': by extension for CSV/TSV and Parquet, by content otherwise."""
+    _check_path(path)
+    lower = path.lower()
+    if lower.endswith((".csv", ".tsv")):
+        kind = "csv"
+    elif lower.endswith((".parquet", ".pq")):
+        kind = "parquet"
     else:
-        yield from _iter_jsonl(path)
+        first = _first_byte(path)
+        if first is None:
+            raise DataError(f"{path}: the file is empty; add at least one example")
+        kind = "json" if first == b"[" else "jsonl"
+    if kind != "parquet" and os.path.getsize(path) == 0:
+        raise DataError(f"{path}: the file is empty; add at least one example")
+    return kind
 
 
-def _first_char(path: str) -> str | None:
+def location(path: str, kind: str, num: int) -> str:
+    """How a record is named in messages: file:line for JSONL and CSV, the record or row index otherwise."""
+    if kind in ("jsonl", "csv"):
+        return f"{path}:{num}"
+    if kind == "json":
+        return f"{path}: record {num}"
+    return f"{path}: row {num}"
+
+
+def parse_jsonl_line(line: bytes, path: str, lineno: int) -> dict | None:
+    """One JSON Lines line as an object, None for a blank line; DataError naming the line otherwise."""
+    if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+        line = line[3:]
     try:
-        with _open_text(path) as f:
-            while True:
-                chunk = f.read(4096)
-                if not chunk:
-                    return None
-                stripped = chunk.lstrip("\ufeff \t\r\n")
-                if stripped:
-                    return stripped[0]
+        text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start}); re-save the file as UTF-8") from None
+        raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the line); "
+                        "re-save the file as UTF-8") from None
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); "
+                        "each line must be one complete JSON object") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
-def _iter_jsonl(path: str) -> Iterator[tuple[str, dict]]:
+def iter_raw(path: str, on_error=None, *, decode_json_cells: bool = True) -> Iterator[tuple[str, dict]]:
+    """Yield (location, object) for each record of a JSONL, JSON array, CSV/TSV or Parquet file, streaming.
+
+    Raises DataError naming the line (record index for JSON arrays and Parquet) for invalid JSON, non-UTF-8
+    bytes or a record that is not an object, unless `on_error` is given (see above).
+    """
+    for where, _num, obj in iter_located(path, on_error, decode_json_cells=decode_json_cells):
+        yield where, obj
+
+
+def iter_located(path: str, on_error=None, *, decode_json_cells: bool = True
+                 ) -> Iterator[tuple[str, int, dict]]:
+    """Like `iter_raw`, with the record's line (JSONL, CSV), record index (JSON) or row index (Parquet)."""
+    kind = file_kind(path)
+    if kind == "jsonl":
+        yield from _iter_jsonl(path, on_error)
+    elif kind == "json":
+        yield from _iter_json_array(path, on_error)
+    elif kind == "csv":
+        yield from _iter_csv(path, on_error, decode_json_cells)
+    else:
+        yield from _iter_parquet(path, on_error)
+
+
+def _iter_jsonl(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text; re-save the file as UTF-8") from None
-            if lineno == 1:
-                text = text.lstrip("\ufeff")
-            if not text.strip():
+                obj = parse_jsonl_line(line, path, lineno)
+            except DataError as e:
+                _fail(on_error, e)
                 continue
+            if obj is not None:
+                yield f"{path}:{lineno}", lineno, obj
+
+
+def _iter_json_array(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:
+    """Stream the items of a top-level JSON array with `raw_decode` over a sliding text buffer."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    ws = " \t\r\n"
+    with open(path, "rb") as f:
+        buf = ""
+        pos = 0  # next unread character of buf
+        line = 1  # line number of buf[pos]
+        eof = False
+
+        def more() -> None:
+            nonlocal buf, pos, eof
+            chunk = f.read(_CHUNK)
             try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); "
-                                "each line must be one JSON object") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield f"{path}:{lineno}", obj
+                text = utf8.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                bad_line = line + buf.count("\n", pos) + chunk[:e.start].count(b"\n")
+                raise DataError(f"{path}:{bad_line}: not UTF-8 text; re-save the file as UTF-8") from None
+            eof = not chunk
+            buf = buf[pos:] + text
+            pos = 0
+
+        def advance(to: int) -> None:
+            nonlocal pos, line
+            line += buf.count("\n", pos, to)
+            pos = to
+
+        def skip_ws() -> bool:
+            """Move past whitespace; False at the end of the file."""
+            while True:
+                while pos < len(buf) and buf[pos] in ws:
+                    advance(pos + 1)
+                if pos < len(buf):
+                    return True
+                if eof:
+                    return False
+                more()
+
+        def syntax_error(msg: str) -> DataError:
+            return DataError(f"{path}:{line}: invalid JSON ({msg}); the file must be one JSON array of objects")
+
+        more()
+        if buf.startswith("\ufeff"):
+            pos = 1
+        if not skip_ws() or buf[pos] != "[":
+            raise DataError(f"{path}: expected a JSON array of records")
+        advance(pos + 1)
+        index = 0
+        while True:
+            if not skip_ws():
+                raise syntax_error("the file ends before the closing ']'; it looks truncated")
+            if buf[pos] == "]":
+                advance(pos + 1)
+                if skip_ws():
+                    raise syntax_error("extra data after the closing ']'")
+                return
+            if index > 0:
+                if buf[pos] != ",":
+                    raise syntax_error(f"expected ',' or ']' after record {index - 1}, found {buf[pos]!r}")
+                advance(pos + 1)
+                if not skip_ws():
+                    raise syntax_error("the file ends before the closing ']'; it looks truncated")
+            while True:
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError as e:
+                    # Near the end of the buffer the item may just be cut by the chunking: read more.
+                    if not eof and (e.pos >= len(buf) - 16 or e.msg.startswith("Unterminated string")):
+                        more()
+                        continue
+                    err_line = line + buf.count("\n", pos, e.pos)
+                    reason = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+                    msg = f"{reason.lower()} in record {index}"
+                    if e.pos >= len(buf) - 16:
+                        msg += "; the file looks truncated"
+                    raise DataError(f"{path}:{err_line}: invalid JSON ({msg}); the file must be one JSON "
+                                    "array of objects") from None
+            start_line = line
+            advance(end)
+            if isinstance(obj, dict):
+                yield f"{path}: record {index} (line {start_line})", index, obj
+            else:
+                _fail(on_error, DataError(f"{path}: record {index} (line {start_line}): expected a JSON "
+                                          f"object, got {type(obj).__name__}"))
+            index += 1
 
 
-def _iter_json_array(path: str) -> Iterator[tuple[str, dict]]:
+def _iter_csv(path: str, on_error=None, decode_json_cells: bool = True) -> Iterator[tuple[str, int, dict]]:
+    delimiter = "\t" if path.lower().endswith(".tsv") else ","
+    with open(path, "r", encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        line_before = 0
+        header = None
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{line_before + 1}: not UTF-8 text; re-save the file as UTF-8") from None
+            except csv.Error as e:
+                raise DataError(f"{path}:{line_before + 1}: malformed CSV ({e})") from None
+            lineno, line_before = line_before + 1, reader.line_num
+            if not row or not any(cell.strip() for cell in row):
+                continue
+            if header is None:
+                header = row
+                continue
+            if len(row) != len(header):
+                _fail(on_error, DataError(f"{path}:{lineno}: {len(row)} cells but the header has "
+                                          f"{len(header)} columns; quote cells that contain '{delimiter}'"))
+                continue
+            obj: dict[str, Any] = dict(zip(header, row))
+            if decode_json_cells:
+                bad = False
+                for key in _JSON_COLUMNS:
+                    cell = obj.get(key)
+                    if isinstance(cell, str):
+                        if not cell.strip():
+                            del obj[key]
+                            continue
+                        try:
+                            obj[key] = json.loads(cell)
+                        except json.JSONDecodeError as e:
+                            _fail(on_error, DataError(f"{path}:{lineno}: field '{key}' must hold JSON "
+                                                      f"in a CSV cell ({e.msg})"))
+                            bad = True
+                            break
+                if bad:
+                    continue
+            yield f"{path}:{lineno}", lineno, obj
+        if header is None:
+            raise DataError(f"{path}: the file is empty; add a header row and at least one example")
+
+
+def _iter_parquet(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:
     try:
-        with _open_text(path) as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start}); re-save the file as UTF-8") from None
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow; pip install 'roctune[data]'") from None
     try:
-        data = json.loads(text.lstrip("\ufeff"))
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    index = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for obj in batch.to_pylist():
+            yield f"{path}: row {index}", index, obj
+            index += 1
+
+
+# ------------------------------------------------------------------------------------ dataset sources
+@dataclass
+class Source:
+    """One file to read, with the LLaMA-Factory mapping that applies to it (if it came from dataset_info.json)."""
+
+    path: str
+    dataset: str | None = None
+    formatting: str | None = None  # "alpaca" | "sharegpt" for LLaMA-Factory datasets
+    columns: dict = field(default_factory=dict)
+    tags: dict = field(default_factory=dict)
+
+    def to_messages(self, obj: dict, where: str) -> list[dict[str, str]]:
+        if self.formatting is None:
+            return to_messages(obj, where)
+        return to_messages(_llamafactory_record(obj, self, where), where)
+
+
+def resolve_sources(spec: str) -> list[Source]:
+    """The files named by one --data value: a file, or DIR:name[,name...] for a LLaMA-Factory data directory
+    (DIR alone when its dataset_info.json holds a single dataset)."""
+    if os.path.isfile(spec):
+        return [Source(spec)]
+    directory, names = spec, None
+    if not os.path.isdir(spec) and ":" in spec:
+        directory, _, names = spec.rpartition(":")
+    if not os.path.isdir(directory):
+        raise DataError(f"{spec}: no such file (check the path given to --data)")
+    info_path = os.path.join(directory, "dataset_info.json")
+    if not os.path.isfile(info_path):
+        raise DataError(f"{directory}: is a directory without dataset_info.json; give a .jsonl, .json, .csv or "
+                        ".parquet file, or a LLaMA-Factory data directory as DIR:name")
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    except UnicodeDecodeError:
+        raise DataError(f"{info_path}: not UTF-8 text; re-save the file as UTF-8") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON array of records")
-    for i, obj in enumerate(data):
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}: record {i}: expected a JSON object, got {type(obj).__name__}")
-        yield f"{path}: record {i}", obj
+        raise DataError(f"{info_path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(info, dict) or not info:
+        raise DataError(f"{info_path}: expected an object mapping dataset names to their descriptions")
+    available = ", ".join(sorted(info))
+    if not names:
+        if len(info) != 1:
+            raise DataError(f"{directory}: holds several datasets; pick one or more as {directory}:NAME[,NAME] "
+                            f"(datasets: {available})")
+        names = next(iter(info))
+    sources = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        entry = info.get(name)
+        if entry is None:
+            raise DataError(f"{info_path}: no dataset named '{name}' (datasets: {available})")
+        where = f"{info_path}: dataset '{name}'"
+        if not isinstance(entry, dict):
+            raise DataError(f"{where}: expected an object with 'file_name'")
+        file_name = entry.get("file_name")
+        if not isinstance(file_name, str) or not file_name:
+            remote = [k for k in ("hf_hub_url", "ms_hub_url", "script_url", "om_hub_url") if k in entry]
+            hint = f" ({remote[0]} datasets are not supported; download it and set file_name)" if remote else ""
+            raise DataError(f"{where}: field 'file_name' is missing{hint}")
+        formatting = entry.get("formatting", "alpaca")
+        if formatting not in ("alpaca", "sharegpt"):
+            raise DataError(f"{where}: field 'formatting' is {formatting!r}; expected 'alpaca' or 'sharegpt'")
+        columns, tags = entry.get("columns") or {}, entry.get("tags") or {}
+        if not isinstance(columns, dict) or not isinstance(tags, dict):
+            raise DataError(f"{where}: fields 'columns' and 'tags' must be objects")
+        path = os.path.join(directory, file_name)
+        if os.path.isdir(path):
+            files = sorted(os.path.join(path, n) for n in os.listdir(path)
+                           if n.lower().endswith((".json", ".jsonl", ".csv", ".tsv", ".parquet", ".pq")))
+            if not files:
+                raise DataError(f"{where}: folder {path} holds no .json, .jsonl, .csv or .parquet files")
+        elif os.path.isfile(path):
+            files = [path]
+        else:
+            raise DataError(f"{where}: file_name {file_name!r}: no such file in {directory}")
+        sources += [Source(p, name, formatting, columns, tags) for p in files]
+    return sources
+
+
+def _maybe_json(value, where: str, key: str):
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: field '{key}' holds invalid JSON ({e.msg})") from None
+    return value
+
+
+def _llamafactory_record(obj: dict, src: Source, where: str) -> dict:
+    """Map a record of a LLaMA-Factory dataset to the internal alpaca or messages shape, checking the
+    user's own column and tag names so errors name them."""
+    cols = src.columns
+    if src.formatting == "alpaca":
+        prompt, query, response = (cols.get("prompt", "instruction"), cols.get("query", "input"),
+                                   cols.get("response", "output"))
+        out = {"instruction": _text(obj, prompt, where), "output": _text(obj, response, where),
+               "input": _text(obj, query, where, required=False) if query else ""}
+        if cols.get("system"):
+            out["system"] = _text(obj, cols["system"], where, required=False)
+        if cols.get("history") and obj.get(cols["history"]) is not None:
+            out["history"] = _maybe_json(obj[cols["history"]], where, cols["history"])
+        return out
+    key = cols.get("messages", "conversations")
+    role_tag, content_tag = src.tags.get("role_tag", "from"), src.tags.get("content_tag", "value")
+    role_map = {src.tags.get("user_tag", "human"): "user", src.tags.get("assistant_tag", "gpt"): "assistant",
+                src.tags.get("system_tag", "system"): "system"}
+    turns = _maybe_json(obj.get(key), where, key)
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: field '{key}' must be a non-empty list")
+    msgs = []
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: field '{key}[{j}]' must be an object")
+        role = turn.get(role_tag)
+        if role not in role_map:
+            raise DataError(f"{where}: field '{key}[{j}].{role_tag}' is {role!r}; expected one of "
+                            f"{', '.join(map(repr, role_map))} (the tags in dataset_info.json)")
+        msgs.append({"role": role_map[role], "content": _text(turn, content_tag, f"{where}: {key}[{j}]")})
+    out = {"messages": msgs}
+    if cols.get("system"):
+        out["system"] = _text(obj, cols["system"], where, required=False)
+    return out
+
+
+@dataclass
+class Example:
+    """A record read from a dataset, converted to a conversation."""
+
+    where: str
+    obj: dict
+    messages: list[dict[str, str]]
+    path: str
+    num: int  # line (JSONL, CSV), record index (JSON) or row index (Parquet)
+
+
+def iter_examples(specs: str | Iterable[str], on_error=None) -> Iterator[Example]:
+    """Stream every valid record of one or several --data values (mixed in the order given).
+
+    Schema errors raise DataError, or with `on_error` are handed to it and the record is skipped.
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    for spec in specs:
+        for src in resolve_sources(spec):
+            n_raw = 0
+            n_errors = 0
+
+            def count_error(err: DataError) -> None:
+                nonlocal n_errors
+                n_errors += 1
+                _fail(on_error, err)
+
+            for where, num, obj in iter_located(src.path, count_error):
+                n_raw += 1
+                try:
+                    msgs = src.to_messages(obj, where)
+                except DataError as e:
+                    _fail(on_error, e)
+                    continue
+                yield Example(where, obj, msgs, src.path, num)
+            if n_raw == 0 and n_errors == 0:
+                _fail(on_error, DataError(f"{src.path}: no examples in the file; add at least one record"))
+
+
+def combine_errors(errors: list[DataError], more: bool = False) -> DataError:
+    """One DataError listing several (one error is returned as it is)."""
+    if len(errors) == 1 and not more:
+        return errors[0]
+    head = (f"the data has schema errors; the first {len(errors)}:" if more
+            else f"the data has {len(errors)} schema errors:")
+    lines = "\n".join(f"  {e}" for e in errors)
+    return DataError(f"{head}\n{lines}\nfix them and retry (`roctune data check` lists them all)")
 
 
 # ------------------------------------------------------------------------------------------ conversion
@@ -126,7 +505,7 @@ def detect_format(obj: dict) -> str | None:
         return "sharegpt"
     if "instruction" in obj or "output" in obj:
         return "alpaca"
-    if "prompt" in obj and "completion" in obj:
+    if "prompt" in obj or "completion" in obj:
         return "prompt_completion"
     return None
 
@@ -201,19 +580,33 @@ def to_messages(obj: dict, where: str) -> list[dict[str, str]]:
     return msgs
 
 
-def load_records(paths: str | Iterable[str], limit: int | None = None) -> list[Record]:
-    """Read and validate every record of one or several dataset files (mixed in the order given)."""
-    if isinstance(paths, str):
-        paths = [paths]
+def load_records(paths: str | Iterable[str], limit: int | None = None, max_errors: int = 5) -> list[Record]:
+    """Read and validate every record of one or several datasets (mixed in the order given).
+
+    A path is a .jsonl, .json, .csv/.tsv or .parquet file, or DIR:name for a LLaMA-Factory data directory.
+    Schema errors are collected (up to `max_errors`, across all files) and raised as one DataError that
+    lists each with its file:line (or record index) and field.
+    """
+    errors: list[DataError] = []
+
+    class _Enough(Exception):
+        pass
+
+    def on_error(err: DataError) -> None:
+        errors.append(err)
+        if len(errors) >= max_errors:
+            raise _Enough
+
     records: list[Record] = []
-    for path in paths:
-        n_before = len(records)
-        for where, obj in iter_raw(path):
-            records.append(Record(where, to_messages(obj, where), obj))
+    try:
+        for ex in iter_examples(paths, on_error):
+            records.append(Record(ex.where, ex.messages, ex.obj))
             if limit is not None and len(records) >= limit:
-                return records
-        if len(records) == n_before:
-            raise DataError(f"{path}: no examples in the file; add at least one record")
+                break
+    except _Enough:
+        raise combine_errors(errors, more=True) from None
+    if errors:
+        raise combine_errors(errors)
     return records
 
 
