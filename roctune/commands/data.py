@@ -1,0 +1,151 @@
+"""`roctune data check|scrub|split`: inspect, redact and split datasets (every format `train` reads)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DATA_HELP = ("a .jsonl, .json, .csv/.tsv or .parquet file, or DIR:NAME for a LLaMA-Factory data directory "
+             "(dataset_info.json)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="check, scrub (redact personal data) and split datasets",
+                              description="Check, scrub and split datasets in any format `roctune train` reads.")
+    sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=run, _data_parser=p)
+
+    c = sub.add_parser("check", help="schema errors, duplicates, conflicts, token lengths",
+                       description="Read every record and report schema errors (exit 1) and warnings (exit 0).")
+    c.add_argument("paths", nargs="+", metavar="PATH", help=DATA_HELP)
+    c.add_argument("--model", help="tokenizer for token-length statistics (a local model dir or a name)")
+    c.add_argument("--max-length", type=int, help="count the examples this many tokens would truncate "
+                   "(uses the default model's tokenizer when --model is not given)")
+    c.add_argument("--eval", action="append", default=[], metavar="PATH",
+                   help="evaluation data: report training records that also appear in it (repeatable)")
+    c.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+    s = sub.add_parser("scrub", help="redact phone numbers, ID cards, bank cards, e-mails, IPs",
+                       description="Write a copy of IN to OUT with personal data replaced by typed "
+                                   "placeholders (<PHONE>, <ID_CARD>, ...). IN is never changed.")
+    s.add_argument("input", metavar="IN")
+    s.add_argument("output", metavar="OUT")
+    s.add_argument("--types", nargs="+", metavar="TYPE",
+                   help="only these types (default all): email id_card bank_card phone landline ip")
+    s.add_argument("--report", metavar="FILE", help="also write the counts as JSON to FILE")
+
+    sp = sub.add_parser("split", help="de-duplicate, then split into train and eval files",
+                        description="Drop duplicates (after normalising case, punctuation and spacing), then "
+                                    "split with a seeded shuffle so no example is in both parts.")
+    sp.add_argument("paths", nargs="+", metavar="IN", help=DATA_HELP)
+    sp.add_argument("--eval-ratio", type=float, required=True, metavar="R")
+    sp.add_argument("--seed", type=int, default=0, metavar="S")
+    sp.add_argument("--out-train", required=True, metavar="A")
+    sp.add_argument("--out-eval", required=True, metavar="B")
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = getattr(args, "data_command", None)
+    if cmd == "check":
+        return _check(args)
+    if cmd == "scrub":
+        return _scrub(args)
+    if cmd == "split":
+        return _split(args)
+    args._data_parser.print_help()
+    return 2
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _check(args) -> int:
+    from roctune.datacheck import check_data
+    from roctune.errors import ConfigError
+
+    if args.max_length is not None and args.max_length <= 0:
+        raise ConfigError("--max-length must be a positive number of tokens")
+    tokenizer = None
+    if args.model or args.max_length:
+        from roctune.models import load_tokenizer
+
+        tokenizer = load_tokenizer(args.model)
+    report = check_data(args.paths, args.eval, tokenizer, args.max_length)
+    if args.json:
+        json.dump(report, sys.stdout, ensure_ascii=False, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_check(report)
+    return 1 if report["schema_errors"]["count"] else 0
+
+
+def _print_check(report: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = _console()
+    errs = report["schema_errors"]
+    con.print(f"[bold]{report['records']}[/] records read from {escape(', '.join(report['paths']))}: "
+              f"{report['valid']} valid, {errs['count']} with schema errors")
+    if errs["count"]:
+        con.print("[bold red]Schema errors[/] (training refuses this data until they are fixed):")
+        for e in errs["first"][:20]:
+            con.print(f"  {escape(e)}")
+        if errs["count"] > 20:
+            con.print(f"  ... and {errs['count'] - 20} more (--json lists the first {len(errs['first'])})")
+    table = Table(title="Warnings", title_justify="left")
+    table.add_column("check")
+    table.add_column("count", justify="right")
+    table.add_column("first examples")
+    for name, f in report["warnings"].items():
+        if name == "eval_overlap" and not report["eval_paths"]:
+            continue
+        style = "yellow" if f["count"] else "green"
+        table.add_row(f"{name.replace('_', ' ')}\n[dim]{f['what']}[/]", f"[{style}]{f['count']}[/]",
+                      escape("\n".join(f["examples"][:3])))
+    con.print(table)
+    tok = report["tokens"]
+    if tok:
+        line = f"tokens per example: p50 {tok['p50']}, p95 {tok['p95']}, max {tok['max']}, mean {tok['mean']}"
+        if tok["max_length"]:
+            line += f"; --max-length {tok['max_length']} truncates {tok['truncated']} example(s)"
+        con.print(line)
+    con.print("[bold red]schema errors: exit 1[/]" if errs["count"] else "[green]no schema errors[/]")
+
+
+def _scrub(args) -> int:
+    from rich.table import Table
+
+    from roctune.scrub import scrub_file, write_report
+
+    types = None
+    if args.types:
+        types = [t.strip() for item in args.types for t in item.split(",") if t.strip()]
+    report = scrub_file(args.input, args.output, types)
+    if args.report:
+        write_report(report, args.report)
+    table = Table(title=f"Redacted in {report['records']} records ({report['records_changed']} changed)",
+                  title_justify="left")
+    table.add_column("type")
+    table.add_column("placeholder")
+    table.add_column("count", justify="right")
+    from roctune.scrub import PLACEHOLDERS
+
+    for t, n in report["counts"].items():
+        table.add_row(t, PLACEHOLDERS[t], str(n))
+    con = _console()
+    con.print(table)
+    con.print(f"wrote {args.output}" + (f"; report in {args.report}" if args.report else ""))
+    return 0
+
+
+def _split(args) -> int:
+    from roctune.datacheck import split_data
+
+    r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed)
+    _console().print(f"{r['records']} records, {r['duplicates_dropped']} duplicates dropped: "
+                     f"{r['train']} -> {args.out_train}, {r['eval']} -> {args.out_eval} (seed {r['seed']})")
+    return 0

@@ -1,0 +1,359 @@
+"""`roctune data check` and `roctune data split`: dataset quality checks and a leak-free train/eval split,
+plus the atomic dataset writers that `split` and `scrub` share.
+
+Checks stream the data once. Per record they keep only fixed-size hashes (exact conversation, normalised
+conversation, normalised prompt, normalised answer) and a line number, in flat arrays of 64-bit integers,
+so memory stays bounded however large the file; duplicates and conflicts are found at the end by sorting.
+"""
+from __future__ import annotations
+
+import array
+import bisect
+import csv
+import json
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+from roctune.data import (Example, combine_errors, file_kind, iter_examples, iter_located, location,
+                          split_eval, tokenize_conversation)
+from roctune.errors import ConfigError, DataError
+
+_NON_WORD = re.compile(r"[\W_]+")
+N_EXAMPLES = 5  # locations shown per finding
+MAX_ERRORS_KEPT = 100
+
+
+def normalise(text: str) -> str:
+    """Case-folded text with punctuation dropped and whitespace collapsed: what near-duplicates share."""
+    return _NON_WORD.sub(" ", text.casefold()).strip()
+
+
+def _hash64(value) -> int:
+    return hash(value)  # a 64-bit signed int; only compared within one run
+
+
+class _Locations:
+    """Record index -> 'file:line' without storing a string per record."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.files: list[tuple[str, str]] = []
+        self.nums = array.array("q")
+
+    def add(self, ex: Example) -> None:
+        if not self.files or self.files[-1][0] != ex.path:
+            self.starts.append(len(self.nums))
+            self.files.append((ex.path, file_kind(ex.path)))
+        self.nums.append(ex.num)
+
+    def __getitem__(self, i: int) -> str:
+        path, kind = self.files[bisect.bisect_right(self.starts, i) - 1]
+        return location(path, kind, self.nums[i])
+
+
+def _conversation_keys(messages: list[dict[str, str]]):
+    norms = [normalise(m["content"]) for m in messages]
+    exact = _hash64(tuple(f"{m['role']}\x1f{m['content']}" for m in messages))
+    near = _hash64(tuple(f"{m['role']}\x1f{n}" for m, n in zip(messages, norms)))
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prompt = _hash64(tuple(f"{m['role']}\x1f{n}" for m, n in zip(messages[:last], norms[:last])))
+    answer = _hash64(norms[last])
+    users = [n for m, n in zip(messages[:last], norms[:last]) if m["role"] == "user"]
+    echo = bool(users) and bool(norms[last]) and users[-1] == norms[last]
+    return exact, near, prompt, answer, echo
+
+
+def _finding(count: int, examples: list, what: str) -> dict:
+    return {"count": int(count), "examples": examples, "what": what}
+
+
+def _repeats(values) -> "Any":
+    """Boolean mask over positions: True where the value already occurred at an earlier position."""
+    import numpy as np
+
+    arr = np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(arr, kind="stable")
+    s = arr[order]
+    same = np.zeros(len(arr), dtype=bool)
+    same[1:] = s[1:] == s[:-1]
+    mask = np.zeros(len(arr), dtype=bool)
+    mask[order] = same
+    first = np.empty(len(arr), dtype=np.int64)  # index of the first occurrence of each value
+    if len(arr):
+        group_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(arr))))
+        first[order] = order[group_start]
+    return mask, first
+
+
+def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=None,
+               max_length: int | None = None) -> dict:
+    """Read every record once and return the findings as a JSON-ready dict (see `roctune data check`)."""
+    import numpy as np
+
+    errors: list[str] = []
+    n_errors = 0
+
+    def on_error(err: DataError) -> None:
+        nonlocal n_errors
+        n_errors += 1
+        if len(errors) < MAX_ERRORS_KEPT:
+            errors.append(str(err))
+
+    eval_keys: set[int] = set()
+    for ex in iter_examples(eval_paths or [], on_error):
+        eval_keys.add(_conversation_keys(ex.messages)[1])
+
+    locs = _Locations()
+    exact_h, near_h, prompt_h, answer_h = (array.array("q") for _ in range(4))
+    lengths = array.array("q")
+    empty: list[str] = []
+    n_empty = 0
+    echo: list[str] = []
+    n_echo = 0
+    overlap: list[str] = []
+    n_overlap = 0
+    for ex in iter_examples(paths, on_error):
+        locs.add(ex)
+        exact, near, prompt, answer, is_echo = _conversation_keys(ex.messages)
+        exact_h.append(exact)
+        near_h.append(near)
+        prompt_h.append(prompt)
+        answer_h.append(answer)
+        blank = [j for j, m in enumerate(ex.messages) if not m["content"].strip()]
+        if blank:
+            n_empty += 1
+            if len(empty) < N_EXAMPLES:
+                empty.append(f"{ex.where}: {ex.messages[blank[0]]['role']} turn {blank[0]} is empty")
+        if is_echo:
+            n_echo += 1
+            if len(echo) < N_EXAMPLES:
+                echo.append(ex.where)
+        if near in eval_keys:
+            n_overlap += 1
+            if len(overlap) < N_EXAMPLES:
+                overlap.append(ex.where)
+        if tokenizer is not None:
+            ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where)
+            lengths.append(len(ids))
+    n_valid = len(exact_h)
+
+    exact_rep, exact_first = _repeats(exact_h)
+    near_rep, near_first = _repeats(near_h)
+    near_only = near_rep & ~exact_rep
+
+    def pairs(mask, first) -> list[str]:
+        idx = np.flatnonzero(mask)[:N_EXAMPLES]
+        return [f"{locs[int(i)]} repeats {locs[int(first[i])]}" for i in idx]
+
+    # Conflicts: one normalised prompt, several different normalised answers.
+    conflicts: list[str] = []
+    n_conflicts = 0
+    if n_valid:
+        p = np.frombuffer(prompt_h, dtype=np.int64)
+        a = np.frombuffer(answer_h, dtype=np.int64)
+        order = np.lexsort((a, p))
+        ps, as_ = p[order], a[order]
+        new_prompt = np.ones(n_valid, dtype=bool)
+        new_prompt[1:] = ps[1:] != ps[:-1]
+        group = np.cumsum(new_prompt) - 1
+        new_answer = np.ones(n_valid, dtype=bool)
+        new_answer[1:] = (as_[1:] != as_[:-1]) | new_prompt[1:]
+        distinct = np.bincount(group, weights=new_answer.astype(np.int64)).astype(np.int64)
+        bad_groups = np.flatnonzero(distinct > 1)
+        n_conflicts = len(bad_groups)
+        for g in bad_groups[:N_EXAMPLES]:
+            members = np.sort(order[group == g])
+            shown = ", ".join(locs[int(i)] for i in members[:4])
+            more = f" and {len(members) - 4} more" if len(members) > 4 else ""
+            conflicts.append(f"{int(distinct[g])} different answers: {shown}{more}")
+
+    tokens = None
+    if tokenizer is not None and n_valid:
+        lens = np.frombuffer(lengths, dtype=np.int64)
+        tokens = {"p50": int(np.percentile(lens, 50)), "p95": int(np.percentile(lens, 95)),
+                  "max": int(lens.max()), "mean": round(float(lens.mean()), 1), "max_length": max_length,
+                  "truncated": int((lens > max_length).sum()) if max_length else None}
+
+    n_read = n_valid + n_errors
+    return {
+        "paths": list(paths),
+        "eval_paths": list(eval_paths or []),
+        "records": n_read,
+        "valid": n_valid,
+        "schema_errors": {"count": n_errors, "first": errors},
+        "warnings": {
+            "empty_fields": _finding(n_empty, empty, "records with an empty or whitespace-only turn"),
+            "duplicates": _finding(int(exact_rep.sum()), pairs(exact_rep, exact_first),
+                                   "exact repeats of an earlier record"),
+            "near_duplicates": _finding(int(near_only.sum()), pairs(near_only, near_first),
+                                        "repeats after ignoring case, punctuation and spacing"),
+            "conflicts": _finding(n_conflicts, conflicts, "prompts that have different answers"),
+            "answer_equals_prompt": _finding(n_echo, echo, "answers identical to their prompt"),
+            "eval_overlap": _finding(n_overlap, overlap, "training records also in the --eval data"),
+        },
+        "tokens": tokens,
+    }
+
+
+# ------------------------------------------------------------------------------------------ writing
+def output_kind(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith((".csv", ".tsv")):
+        return "csv"
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
+    if lower.endswith(".json"):
+        return "json"
+    return "jsonl"
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary path in the same directory, renamed to `path` only if the block succeeds."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise DataError(f"{path}: the folder {directory} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.exists(b) and os.path.samefile(a, b)
+
+
+class RecordWriter:
+    """Write objects to a .jsonl, .json (array), .csv/.tsv or .parquet file; use inside `atomic_path`."""
+
+    def __init__(self, path: str, kind: str, fieldnames: list[str] | None = None, schema=None,
+                 delimiter: str = ","):
+        self.kind, self.path, self.count = kind, path, 0
+        self.fieldnames, self.schema, self.pending = fieldnames, schema, []
+        self.delimiter = delimiter
+        self.f = None if kind == "parquet" else open(path, "w", encoding="utf-8", newline="")
+        self.csv = None
+        self.pq = None
+        if kind == "json":
+            self.f.write("[")
+
+    def write(self, obj: dict) -> None:
+        if self.kind == "jsonl":
+            self.f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        elif self.kind == "json":
+            self.f.write(("\n" if self.count == 0 else ",\n") + json.dumps(obj, ensure_ascii=False))
+        elif self.kind == "csv":
+            if self.csv is None:
+                self.fieldnames = self.fieldnames or list(obj)
+                self.csv = csv.DictWriter(self.f, fieldnames=self.fieldnames, delimiter=self.delimiter,
+                                          extrasaction="ignore")
+                self.csv.writeheader()
+            self.csv.writerow({k: v if isinstance(v, str) or v is None else json.dumps(v, ensure_ascii=False)
+                               for k, v in obj.items()})
+        else:
+            self.pending.append(obj)
+            if len(self.pending) >= 1024:
+                self._flush_parquet()
+        self.count += 1
+
+    def write_line(self, line: bytes | str) -> None:
+        """JSONL only: a line passed through as it was read."""
+        self.f.write(line.decode("utf-8") if isinstance(line, bytes) else line)
+        self.count += 1
+
+    def _flush_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.pending:
+            return
+        try:
+            table = pa.Table.from_pylist(self.pending, schema=self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise DataError(f"{self.path}: records do not share one Parquet schema ({e}); write .jsonl "
+                            "instead") from None
+        if self.pq is None:
+            self.schema = table.schema
+            self.pq = pq.ParquetWriter(self.path, self.schema)
+        self.pq.write_table(table)
+        self.pending = []
+
+    def close(self) -> None:
+        if self.kind == "parquet":
+            self._flush_parquet()
+            if self.pq is None:  # nothing written: still leave a valid file
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.table({}) if self.schema is None else self.schema.empty_table(), self.path)
+            else:
+                self.pq.close()
+            return
+        if self.kind == "json":
+            self.f.write("\n]\n" if self.count else "]\n")
+        self.f.close()
+
+
+# ------------------------------------------------------------------------------------------- split
+def split_data(paths: list[str], out_train: str, out_eval: str, eval_ratio: float, seed: int) -> dict:
+    """De-duplicate (after normalisation), then split with a seeded shuffle; two streaming passes.
+
+    The outputs take the format of their extension (.jsonl, .json, .csv, .parquet) and hold the records as
+    they were read. Nothing is written if the input has schema errors.
+    """
+    if not 0 < eval_ratio < 1:
+        raise ConfigError(f"--eval-ratio is {eval_ratio}; give a fraction between 0 and 1, e.g. 0.05")
+    for out in (out_train, out_eval):
+        for p in paths:
+            if os.path.isfile(p) and same_file(p, out):
+                raise DataError(f"{out}: is also the input; write the split to new files")
+    if os.path.abspath(out_train) == os.path.abspath(out_eval):
+        raise DataError("--out-train and --out-eval name the same file; give two paths")
+    errors: list[DataError] = []
+    seen: set[int] = set()
+    keep = array.array("q")
+    columns: dict[str, None] = {}  # every field name, in order of appearance (CSV output needs them all)
+    n = 0
+    for ex in iter_examples(paths, errors.append):
+        for k in ex.obj:
+            if k not in columns:
+                columns[k] = None
+        key = _conversation_keys(ex.messages)[1]
+        if key not in seen:
+            seen.add(key)
+            keep.append(n)
+        n += 1
+        if len(errors) >= 5:
+            break
+    if errors:
+        raise combine_errors(errors[:5], more=len(errors) >= 5)
+    del seen
+    train_idx, eval_idx = split_eval(list(keep), eval_ratio, seed)
+    eval_set, train_set = set(eval_idx), set(train_idx)
+    with atomic_path(out_train) as tmp_train, atomic_path(out_eval) as tmp_eval:
+        w_train = RecordWriter(tmp_train, output_kind(out_train), fieldnames=list(columns),
+                               delimiter="\t" if out_train.lower().endswith(".tsv") else ",")
+        w_eval = RecordWriter(tmp_eval, output_kind(out_eval), fieldnames=list(columns),
+                              delimiter="\t" if out_eval.lower().endswith(".tsv") else ",")
+        for i, ex in enumerate(iter_examples(paths)):
+            if i in eval_set:
+                w_eval.write(ex.obj)
+            elif i in train_set:
+                w_train.write(ex.obj)
+        w_train.close()
+        w_eval.close()
+    return {"records": n, "duplicates_dropped": n - len(keep), "train": len(train_idx), "eval": len(eval_idx),
+            "out_train": out_train, "out_eval": out_eval, "seed": seed, "eval_ratio": eval_ratio}
+
+
+def iter_raw_records(path: str) -> Iterable[tuple[str, int, dict]]:
+    """Records as read, CSV cells left as text (for tools that rewrite a file in its own format)."""
+    return iter_located(path, decode_json_cells=False)

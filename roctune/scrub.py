@@ -1,0 +1,241 @@
+"""`roctune data scrub`: find personal data in every text field and replace it with a typed placeholder.
+
+Each type is a regular expression for candidates plus a validator, so look-alikes stay: an 18-digit number
+must carry a valid GB 11643-1999 check digit (and a real region and birth date) to be an ID card, a card
+number must pass the Luhn check, a mobile number must be a whole number starting 13-19, an IPv4 address
+must have four octets 0-255 and not be part of a version string. Numbers glued to letters or other digits
+(order numbers, hashes, timestamps) never match because every pattern requires a boundary on both sides.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from collections import Counter
+from typing import Any
+
+from roctune.datacheck import RecordWriter, atomic_path, iter_raw_records, same_file
+from roctune.data import file_kind, parse_jsonl_line
+from roctune.errors import ConfigError, DataError
+
+PLACEHOLDERS = {
+    "email": "<EMAIL>",
+    "id_card": "<ID_CARD>",
+    "bank_card": "<BANK_CARD>",
+    "phone": "<PHONE>",
+    "landline": "<LANDLINE>",
+    "ip": "<IP>",
+}
+TYPES = tuple(PLACEHOLDERS)
+
+# No ASCII letter, digit, underscore or decimal point right before/after a match.
+_L = r"(?<![0-9A-Za-z_.+])"
+_R = r"(?![0-9A-Za-z_]|\.\d)"
+
+_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+                    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
+_ID_CARD = re.compile(_L + r"(\d{17}[\dXx]|\d{15})" + r"(?![0-9A-Za-z_]|\.\d)")
+_BANK_CARD = re.compile(_L + r"([2-6]\d{3}(?:([ -])\d{4}){3}[ -]\d{1,3}|[2-6]\d{3}(?:[ -]?\d{4}){2}[ -]?\d{4,7})" + _R)
+_PHONE = re.compile(r"(?<![0-9A-Za-z_.])((?:(?:\+|00)86[ -]?|(?<!\d)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2})" + _R)
+_LANDLINE = re.compile(r"(?<![0-9A-Za-z_.])((?:(?:\+|00)86[ -]?)?(?:\(0\d{2,3}\)[ -]?|0\d{2,3}[- ])"
+                       r"[2-9]\d{6,7}(?:-\d{1,5})?)" + _R)
+_IPV4 = re.compile(r"(?<![0-9A-Za-z_.])((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3})"
+                   r"(?![0-9A-Za-z_]|\.\d)")
+_VERSION_BEFORE = re.compile(r"(?:\b(?:v|ver|version|release|build|rev)|版本|版本号)[\s:：=]*$", re.IGNORECASE)
+
+_ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
+_ID_CHECK = "10X98765432"
+_PROVINCES = {11, 12, 13, 14, 15, 21, 22, 23, 31, 32, 33, 34, 35, 36, 37, 41, 42, 43, 44, 45, 46, 50, 51, 52,
+              53, 54, 61, 62, 63, 64, 65, 71, 81, 82, 83}
+
+
+def _valid_date(year: int, month: int, day: int) -> bool:
+    try:
+        d = datetime.date(year, month, day)
+    except ValueError:
+        return False
+    return d <= datetime.date.today()
+
+
+def id_card_shape(digits: str) -> bool:
+    """A real region code and birth date (what a number needs to look like an ID card at all)."""
+    if int(digits[:2]) not in _PROVINCES:
+        return False
+    if len(digits) == 18:
+        return 1900 <= int(digits[6:10]) and _valid_date(int(digits[6:10]), int(digits[10:12]), int(digits[12:14]))
+    return _valid_date(1900 + int(digits[6:8]), int(digits[8:10]), int(digits[10:12]))
+
+
+def id_card_valid(number: str) -> bool:
+    """A mainland resident ID: 18 characters with the GB 11643-1999 check digit, or the 15-digit legacy form."""
+    number = number.upper()
+    if len(number) == 15:
+        return number.isdigit() and id_card_shape(number)
+    if len(number) != 18 or not number[:17].isdigit() or not id_card_shape(number):
+        return False
+    total = sum(int(c) * w for c, w in zip(number[:17], _ID_WEIGHTS))
+    return _ID_CHECK[total % 11] == number[17]
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = ord(c) - 48
+        if i % 2:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def bank_card_valid(number: str) -> bool:
+    digits = number.replace(" ", "").replace("-", "")
+    if not 16 <= len(digits) <= 19 or not luhn_valid(digits):
+        return False
+    if digits[0] == "2" and not 2221 <= int(digits[:4]) <= 2720:  # only the Mastercard 2-series starts with 2
+        return False
+    # An 18-digit number shaped like an ID card but with a wrong check digit is not a card number either.
+    return not (len(digits) == 18 and id_card_shape(digits))
+
+
+class Scrubber:
+    """Redacts the chosen types in strings; counts what it replaced in `counts`."""
+
+    def __init__(self, types: list[str] | tuple[str, ...] | None = None):
+        types = list(types or TYPES)
+        unknown = [t for t in types if t not in PLACEHOLDERS]
+        if unknown:
+            raise ConfigError(f"--types: unknown type {unknown[0]!r}; choose from {', '.join(TYPES)}")
+        self.types = set(types)
+        self.counts: Counter[str] = Counter()
+
+    def _sub(self, pattern: re.Pattern, kind: str, text: str, valid=None) -> str:
+        placeholder = PLACEHOLDERS[kind]
+
+        def repl(m: re.Match) -> str:
+            if valid is not None and not valid(m):
+                return m.group(0)
+            self.counts[kind] += 1
+            return placeholder
+
+        return pattern.sub(repl, text)
+
+    def _bank_card(self, m: re.Match) -> str:
+        number = m.group(1)
+        if m.group(2):  # grouped 4-4-4-4 then a short group: prefer the 16-digit reading
+            head, _, tail = number.rpartition(m.group(2))
+            if bank_card_valid(head):
+                self.counts["bank_card"] += 1
+                return PLACEHOLDERS["bank_card"] + m.group(2) + tail
+        if bank_card_valid(number):
+            self.counts["bank_card"] += 1
+            return PLACEHOLDERS["bank_card"]
+        return number
+
+    def text(self, s: str) -> str:
+        """`s` with every match replaced by its placeholder."""
+        types = self.types
+        if "email" in types and "@" in s:
+            s = self._sub(_EMAIL, "email", s)
+        if not _HAS_DIGIT_RUN.search(s):
+            return s
+        if "id_card" in types:
+            s = self._sub(_ID_CARD, "id_card", s, lambda m: id_card_valid(m.group(1)))
+        if "bank_card" in types:
+            s = _BANK_CARD.sub(self._bank_card, s)
+        if "phone" in types:
+            s = self._sub(_PHONE, "phone", s)
+        if "landline" in types:
+            s = self._sub(_LANDLINE, "landline", s)
+        if "ip" in types and "." in s:
+            s = self._sub(_IPV4, "ip", s, lambda m: not _VERSION_BEFORE.search(m.string, 0, m.start()))
+        return s
+
+    def value(self, v: Any) -> tuple[Any, bool]:
+        """A JSON-like value with every string inside redacted (keys and non-text values untouched)."""
+        if isinstance(v, str):
+            new = self.text(v)
+            return new, new != v
+        if isinstance(v, dict):
+            changed = False
+            out = {}
+            for k, x in v.items():
+                out[k], c = self.value(x)
+                changed |= c
+            return (out, True) if changed else (v, False)
+        if isinstance(v, list):
+            changed = False
+            out_list = []
+            for x in v:
+                y, c = self.value(x)
+                out_list.append(y)
+                changed |= c
+            return (out_list, True) if changed else (v, False)
+        return v, False
+
+
+# At least three digits in a row (with optional separators): anything shorter cannot be a phone, card or IP.
+_HAS_DIGIT_RUN = re.compile(r"\d[\d .()-]?\d[\d .-]?\d")
+
+
+def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
+    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
+
+    Never edits in place; `out` appears only when the whole file was read and written without error.
+    """
+    kind = file_kind(inp)
+    if same_file(inp, out):
+        raise DataError(f"{out}: is the input file; scrub never edits in place, give a new output path")
+    scrubber = Scrubber(types)
+    records = changed = 0
+    with atomic_path(out) as tmp:
+        if kind == "jsonl":
+            writer = RecordWriter(tmp, "jsonl")
+            with open(inp, "rb") as f:
+                for lineno, line in enumerate(f, 1):
+                    obj = parse_jsonl_line(line, inp, lineno)
+                    if obj is None:
+                        writer.write_line(line)
+                        continue
+                    records += 1
+                    new, c = scrubber.value(obj)
+                    if c:
+                        changed += 1
+                        writer.write(new)
+                    else:
+                        writer.write_line(line if line.endswith(b"\n") else line + b"\n")
+        else:
+            fieldnames, schema, delimiter = None, None, ","
+            if kind == "csv":
+                import csv
+
+                delimiter = "\t" if inp.lower().endswith(".tsv") else ","
+                with open(inp, encoding="utf-8-sig", newline="") as f:
+                    try:
+                        fieldnames = next(csv.reader(f, delimiter=delimiter), None)
+                    except UnicodeDecodeError:
+                        raise DataError(f"{inp}:1: not UTF-8 text; re-save the file as UTF-8") from None
+            elif kind == "parquet":
+                import pyarrow.parquet as pq
+
+                schema = pq.ParquetFile(inp).schema_arrow
+            writer = RecordWriter(tmp, kind, fieldnames=fieldnames, schema=schema, delimiter=delimiter)
+            for _where, _num, obj in iter_raw_records(inp):
+                records += 1
+                new, c = scrubber.value(obj)
+                changed += c
+                writer.write(new)
+        writer.close()
+    counts = {t: scrubber.counts.get(t, 0) for t in TYPES if t in scrubber.types}
+    return {"input": inp, "output": out, "format": kind, "records": records, "records_changed": changed,
+            "counts": counts, "total": sum(counts.values())}
+
+
+def write_report(report: dict, path: str) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report, f, ensure_ascii=False, indent=2)
+            f.write("\n")
+    os.chmod(path, 0o644)
