@@ -953,8 +953,11 @@ def diagnose(m: Machine) -> Report:
         dtype = _env.choose_dtype("auto", device)
         attn = _env.choose_attention("auto", device, dtype.value)
     if train_gpu:
+        why = dtype.reason
+        if arch0 and not arch0.bf16 and dtype.value == "bf16":
+            why += f"; but {gpu0.gfx} has no bf16 hardware, so it is emulated and slow: --dtype fp16 is faster"
         add("bf16", "ok", f"bf16 {'supported' if facts['bf16'] else 'not supported'}: training uses {dtype.value}",
-            dtype.reason)
+            why)
     elif amd_usable and backend != "rocm":
         future = ARCHS.get(amd_usable[0].gfx or "")
         add("bf16", "ok", f"training uses {dtype.value} on the CPU for now",
@@ -1156,7 +1159,7 @@ def explain(text: str) -> list[Explanation]:
              "fragmentation (reserved >> allocated): export PYTORCH_HIP_ALLOC_CONF=expandable_segments:True "
              "(CUDA: PYTORCH_CUDA_ALLOC_CONF)"], oom)
     nobin = _find(lines, r"hipErrorNoBinaryForGpu|invalid device function|no kernel image is available|"
-                         r"Cannot find Symbol|Unable to find code object")
+                         r"Cannot find Symbol|Unable to find code object|TensileLibrary.*GPU arch")
     if nobin:
         gfxs = sorted(set(re.findall(r"\b(gfx\d{3,4}[0-9a-f]?)\b", text)) & set(ARCHS))
         fixes = []
@@ -1199,7 +1202,7 @@ def explain(text: str) -> list[Explanation]:
              "or upgrade transformers (pip install -U transformers): many such models became native",
              "or pick a model transformers supports natively"], trc)
     nogpu = _find(lines, r"torch\.cuda\.is_available\(\)\W*(is |was |returned |returns |==\s*)?False|"
-                         r"No CUDA GPUs are available|no ROCm-capable device|hipErrorNoDevice|"
+                         r"No (CUDA|HIP) GPUs are available|no ROCm-capable device|hipErrorNoDevice|"
                          r"Found no NVIDIA driver|CUDA driver initialization failed|this torch is a CPU-only build")
     if nogpu:
         hit("no_gpu", "torch sees no GPU",
