@@ -1,0 +1,139 @@
+"""`roctune estimate`: how much GPU memory a fine-tuning run needs, from the model's config alone (no weights
+are loaded), whether it fits a GPU, and the smallest changes that make it fit."""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("estimate", help="estimate the memory a training run needs and whether it fits a GPU",
+                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="SmolLM2-135M-Instruct",
+                   help="local model dir, config.json, hub id in the local cache, or a built-in name "
+                        "(see --list-models)")
+    p.add_argument("--method", choices=["lora", "qlora", "freeze", "full"], default="lora")
+    p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
+    p.add_argument("--max-length", type=int, default=512, help="tokens per example")
+    p.add_argument("--lora-r", type=int, default=8, help="LoRA rank")
+    p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (adds a saved mask)")
+    p.add_argument("--target-modules", nargs="+", metavar="NAME", default=None,
+                   help="modules to adapt (default: q/k/v/o projections) or all-linear")
+    p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
+                   help="auto: bf16 on a GPU, fp32 with --device cpu")
+    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    p.add_argument("--attn", choices=["auto", "eager", "sdpa", "flash_attention_2"], default="auto",
+                   help="attention kernel (auto: sdpa)")
+    p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd"], default="adamw")
+    p.add_argument("--supervised-fraction", type=float, default=1.0,
+                   help="share of positions where logits are computed (roctune's trainer computes them only "
+                        "at trained positions: e.g. 0.3 for short answers after long prompts)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda (NVIDIA or AMD ROCm) adds GPU context/allocator overhead; cpu estimates tensor RAM")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gpu", metavar="NAME", help='GPU from the built-in table, e.g. "7900xtx", "mi300x", "rtx 4090"')
+    g.add_argument("--vram", type=float, metavar="GB", help="GPU memory in GB as printed on the card (GiB)")
+    p.add_argument("--no-detect", action="store_true", help="do not look for a GPU on this machine")
+    p.add_argument("--suggest", action="store_true", help="also print the largest batch size and length that fit")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--list-gpus", action="store_true", help="list the built-in GPU table and exit")
+    p.add_argument("--list-models", action="store_true", help="list the built-in model configs and exit")
+    p.set_defaults(func=run)
+
+
+def _gpu(args) -> tuple[str | None, int | None]:
+    from roctune.memory import GiB, detected_gpu, gpu_memory_bytes, gpu_name
+
+    if args.gpu:
+        return gpu_name(args.gpu), gpu_memory_bytes(args.gpu)
+    if args.vram is not None:
+        if args.vram <= 0:
+            from roctune.errors import ConfigError
+
+            raise ConfigError(f"--vram must be positive (got {args.vram})")
+        return f"{args.vram:g} GB", int(args.vram * GiB)
+    if args.device == "cuda" and not args.no_detect:
+        found = detected_gpu()
+        if found:
+            return f"{found[0]} (detected)", found[1]
+    return None, None
+
+
+def run(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from roctune import memory
+
+    console = Console()
+    if args.list_gpus:
+        t = Table(title="built-in GPU table")
+        t.add_column("GPU")
+        t.add_column("memory (GiB)", justify="right")
+        for name, gib in memory.GPU_MEMORY_GIB.items():
+            t.add_row(name, "shared: half of system RAM" if gib is None else f"{gib:g}")
+        console.print(t)
+        return 0
+    if args.list_models:
+        t = Table(title="built-in model configs (work offline)")
+        for c in ("name", "type", "layers", "hidden", "heads/kv", "vocab", "parameters"):
+            t.add_column(c, justify="left" if c in ("name", "type") else "right")
+        for name in memory.builtin_model_names():
+            a = memory.Architecture.from_config(name)
+            t.add_row(name, a.model_type, str(a.layers), str(a.hidden), f"{a.heads}/{a.kv_heads}", f"{a.vocab:,}",
+                      f"{a.total_params / 1e9:.2f} B")
+        console.print(t)
+        return 0
+
+    dtype = args.dtype
+    if dtype == "auto":
+        dtype = "fp32" if args.device == "cpu" and args.method != "qlora" else "bf16"
+    kwargs = dict(method=args.method, batch_size=args.batch_size, max_length=args.max_length, lora_r=args.lora_r,
+                  target_modules=args.target_modules, dtype=dtype, grad_checkpointing=args.grad_checkpointing,
+                  attn="sdpa" if args.attn == "auto" else args.attn, optimizer=args.optimizer,
+                  supervised_fraction=args.supervised_fraction, lora_dropout=args.lora_dropout,
+                  freeze_trainable_layers=args.freeze_layers, device=args.device)
+    arch = memory.Architecture.from_config(args.model)
+    est = memory.estimate(arch, **kwargs)
+    gpu, vram = _gpu(args)
+    fixes = memory.fit_suggestions(arch, vram, **kwargs) if vram is not None and not est.fits(vram) else []
+    largest = memory.largest_fitting(arch, vram, **kwargs) if vram is not None and args.suggest else None
+
+    if args.json:
+        out = est.to_dict()
+        out["gpu"] = None if vram is None else {"name": gpu, "memory_bytes": vram, "fits": est.fits(vram),
+                                                "headroom_bytes": vram - est.total_bytes}
+        out["fixes"] = [{"change": f.change, "total_bytes": f.total_bytes, "settings": f.settings} for f in fixes]
+        if largest is not None:
+            out["largest_fitting"] = largest
+        print(json.dumps(out, indent=2))
+        return 0
+
+    GiB = memory.GiB
+    console.print(est.format_table())
+    for note in est.notes:
+        console.print(f"note: {note}")
+    if vram is None:
+        console.print("no GPU given or detected: pass --gpu NAME or --vram GB to check the fit")
+        return 0
+    if est.fits(vram):
+        console.print(f"[green]fits[/green] {gpu} ({vram / GiB:.1f} GiB): {est.total_bytes / GiB:.1f} GiB estimated, "
+                      f"{(vram - est.total_bytes) / GiB:.1f} GiB to spare")
+    else:
+        console.print(f"[red]does not fit[/red] {gpu} ({vram / GiB:.1f} GiB): {est.total_bytes / GiB:.1f} GiB "
+                      "estimated")
+        if fixes:
+            console.print("smallest changes that make it fit:")
+            for f in fixes:
+                console.print(f"  {f.change}  ->  {f.total_bytes / GiB:.1f} GiB")
+        else:
+            console.print("no simple change makes it fit: use a smaller model or a GPU with more memory")
+    if largest is not None:
+        b, l = largest["batch_size"], largest["max_length"]
+        console.print(f"largest batch size at --max-length {largest['at_max_length']}: "
+                      f"{b if b is not None else 'none (even batch 1 does not fit)'}")
+        console.print(f"largest --max-length at --batch-size {largest['at_batch_size']}: "
+                      f"{l if l is not None else 'none (even length 1 does not fit)'}")
+    return 0
