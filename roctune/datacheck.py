@@ -21,14 +21,24 @@ from roctune.data import (Example, combine_errors, file_kind, iter_examples, ite
                           split_eval, tokenize_conversation)
 from roctune.errors import ConfigError, DataError
 
-_NON_WORD = re.compile(r"[\W_]+")
+# ASCII punctuation, symbols, whitespace and control bytes (deleted from the UTF-8 bytes in one C pass), then
+# the general-punctuation, CJK-punctuation and full-width-punctuation blocks.
+_ASCII_NOISE = bytes(range(0, 48)) + bytes(range(58, 65)) + bytes(range(91, 97)) + bytes(range(123, 128))
+_UNICODE_PUNCT = re.compile(rb"\xc2[\xa0-\xbf]|\xe2\x80[\x80-\xbf]|\xe2\x81[\x80-\x9e]|\xe3\x80[\x80-\xbf]|"
+                            rb"\xef\xbc[\x80-\x8f\x9a-\xa0\xbb-\xbf]|\xef\xbd[\x80\x9b-\xa5]")
 N_EXAMPLES = 5  # locations shown per finding
 MAX_ERRORS_KEPT = 100
 
 
-def normalise(text: str) -> str:
-    """Case-folded text with punctuation dropped and whitespace collapsed: what near-duplicates share."""
-    return _NON_WORD.sub(" ", text.casefold()).strip()
+def normalise(text: str) -> bytes:
+    """What near-duplicates share: the lower-cased text without punctuation, symbols or whitespace (UTF-8).
+
+    Works on bytes with `bytes.translate`, several times faster than a regular expression over the text.
+    """
+    b = text.lower().encode("utf-8", "surrogatepass").translate(None, _ASCII_NOISE)
+    if not b.isascii():
+        b = _UNICODE_PUNCT.sub(b"", b)
+    return b
 
 
 def _hash64(value) -> int:
@@ -55,11 +65,12 @@ class _Locations:
 
 
 def _conversation_keys(messages: list[dict[str, str]]):
-    norms = [normalise(m["content"]) for m in messages]
-    exact = _hash64(tuple(f"{m['role']}\x1f{m['content']}" for m in messages))
-    near = _hash64(tuple(f"{m['role']}\x1f{n}" for m, n in zip(messages, norms)))
-    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    prompt = _hash64(tuple(f"{m['role']}\x1f{n}" for m, n in zip(messages[:last], norms[:last])))
+    roles = tuple(m["role"] for m in messages)
+    norms = tuple(normalise(m["content"]) for m in messages)
+    exact = _hash64((roles, tuple(m["content"] for m in messages)))
+    near = _hash64((roles, norms))
+    last = len(roles) - 1 - roles[::-1].index("assistant")
+    prompt = _hash64((roles[:last], norms[:last]))
     answer = _hash64(norms[last])
     users = [n for m, n in zip(messages[:last], norms[:last]) if m["role"] == "user"]
     echo = bool(users) and bool(norms[last]) and users[-1] == norms[last]

@@ -29,19 +29,32 @@ PLACEHOLDERS = {
 }
 TYPES = tuple(PLACEHOLDERS)
 
-# No ASCII letter, digit, underscore or decimal point right before/after a match.
-_L = r"(?<![0-9A-Za-z_.+])"
+# Every pattern starts with a character class (so the regex engine jumps between candidates in C) and then
+# checks with a fixed-width lookbehind that no letter, digit, '_', '.' or '+' came right before it; the
+# lookahead _R rejects a letter, digit or '_' right after, and a decimal part.
+_X = r"[0-9A-Za-z_.+]"
 _R = r"(?![0-9A-Za-z_]|\.\d)"
-
-_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_EMAIL = re.compile(r"[A-Za-z0-9](?<![A-Za-z0-9._%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
-_ID_CARD = re.compile(_L + r"(\d{17}[\dXx]|\d{15})" + r"(?![0-9A-Za-z_]|\.\d)")
-_BANK_CARD = re.compile(_L + r"([2-6]\d{3}(?:([ -])\d{4}){3}[ -]\d{1,3}|[2-6]\d{3}(?:[ -]?\d{4}){2}[ -]?\d{4,7})" + _R)
-_PHONE = re.compile(r"(?<![0-9A-Za-z_.])((?:(?:\+|00)86[ -]?|(?<!\d)86[ -]?)?1[3-9]\d(?:[ -]?\d{4}){2})" + _R)
-_LANDLINE = re.compile(r"(?<![0-9A-Za-z_.])((?:(?:\+|00)86[ -]?)?(?:\(0\d{2,3}\)[ -]?|0\d{2,3}[- ])"
-                       r"[2-9]\d{6,7}(?:-\d{1,5})?)" + _R)
-_IPV4 = re.compile(r"(?<![0-9A-Za-z_.])((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3})"
-                   r"(?![0-9A-Za-z_]|\.\d)")
+_LOCAL = r"[2-9]\d{6,7}(?:-\d{1,5})?"  # landline local number, optional extension
+# One pass finds every numeric candidate (IP addresses included); the named group says which shape matched, the validators decide.
+_NUMBER = re.compile(
+    r"[\d+(](?<!" + _X + r".)(?:"
+    r"(?P<id>(?<=\d)\d{14}(?:\d\d[\dXx])?" + _R + r")"
+    r"|(?P<bank>(?<=[2-6])\d{3}(?:[ -]\d{4}){3}[ -]\d{1,3}" + _R
+    + r"|(?<=[2-6])\d{3}(?:[ -]?\d{4}){2}[ -]?\d{4,7}" + _R + r")"
+    r"|(?P<phone>(?:(?<=\+)86|(?<=0)086|(?<=8)6)[ -]?1[3-9]\d(?:[ -]?\d{4}){2}" + _R
+    + r"|(?<=1)[3-9]\d(?:[ -]?\d{4}){2}" + _R + r")"
+    r"|(?P<ip>(?<=\d)\d{0,2}(?:\.\d{1,3}){3}" + _R + r")"
+    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0\d{2,3}\)[ -]?|0\d{2,3}[- ])|(?<=\()0\d{2,3}\)[ -]?|(?<=0)\d{2,3}[- ])"
+    + _LOCAL + _R + r")"
+    r")")
+_PHONE_15 = re.compile(r"00861[3-9]\d{9}")
+# Cheap tests (each starts with a class, so the engine scans in C) that a string may hold something at all:
+# 7 digits in a row, a grouped number or the start of an IP address.
+_HINT = re.compile(r"\d(?:\d{6}|[ -]\d{4}|\)\d|\.\d{1,3}\.\d)")
+# The same on a raw JSON Lines line, plus '@' (e-mail) and '\u' (an escape could hide anything).
+LINE_HINT = re.compile(rb"[\d@\\](?:(?<=\d)(?:\d{6}|[ -]\d{4}|\)\d|\.\d{1,3}\.\d)|(?<=@)|(?<=\\)u)")
 _VERSION_BEFORE = re.compile(r"(?:\b(?:v|ver|version|release|build|rev)|版本|版本号)[\s:：=]*$", re.IGNORECASE)
 
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
@@ -92,9 +105,11 @@ def luhn_valid(digits: str) -> bool:
 
 def bank_card_valid(number: str) -> bool:
     digits = number.replace(" ", "").replace("-", "")
-    if not 16 <= len(digits) <= 19 or not luhn_valid(digits):
+    if not 16 <= len(digits) <= 19:
         return False
     if digits[0] == "2" and not 2221 <= int(digits[:4]) <= 2720:  # only the Mastercard 2-series starts with 2
+        return False
+    if not luhn_valid(digits):
         return False
     # An 18-digit number shaped like an ID card but with a wrong check digit is not a card number either.
     return not (len(digits) == 18 and id_card_shape(digits))
@@ -109,48 +124,52 @@ class Scrubber:
         if unknown:
             raise ConfigError(f"--types: unknown type {unknown[0]!r}; choose from {', '.join(TYPES)}")
         self.types = set(types)
+        self._numbers = bool(self.types & {"id_card", "bank_card", "phone", "landline", "ip"})
         self.counts: Counter[str] = Counter()
 
-    def _sub(self, pattern: re.Pattern, kind: str, text: str, valid=None) -> str:
-        placeholder = PLACEHOLDERS[kind]
+    def _number(self, m: re.Match) -> str:
+        text = m.group(0)
+        kind = m.lastgroup
+        if kind == "id":
+            if "id_card" in self.types and id_card_valid(text):
+                return self._hit("id_card")
+            if len(text) == 18 and "bank_card" in self.types and bank_card_valid(text):
+                return self._hit("bank_card")
+            if "phone" in self.types and _PHONE_15.fullmatch(text):  # 0086 and a mobile number
+                return self._hit("phone")
+            return text
+        if kind == "bank":
+            if "bank_card" not in self.types:
+                return text
+            sep = text[4] if text[4] in " -" else ""
+            if sep and text.count(sep) == 4:  # 4-4-4-4 then a short group: prefer the 16-digit reading
+                head, _, tail = text.rpartition(sep)
+                if bank_card_valid(head):
+                    return self._hit("bank_card") + sep + tail
+            return self._hit("bank_card") if bank_card_valid(text) else text
+        if kind == "ip":
+            return self._ip(m) if "ip" in self.types else text
+        return self._hit(kind) if kind in self.types else text
 
-        def repl(m: re.Match) -> str:
-            if valid is not None and not valid(m):
-                return m.group(0)
-            self.counts[kind] += 1
-            return placeholder
+    def _hit(self, kind: str) -> str:
+        self.counts[kind] += 1
+        return PLACEHOLDERS[kind]
 
-        return pattern.sub(repl, text)
-
-    def _bank_card(self, m: re.Match) -> str:
-        number = m.group(1)
-        if m.group(2):  # grouped 4-4-4-4 then a short group: prefer the 16-digit reading
-            head, _, tail = number.rpartition(m.group(2))
-            if bank_card_valid(head):
-                self.counts["bank_card"] += 1
-                return PLACEHOLDERS["bank_card"] + m.group(2) + tail
-        if bank_card_valid(number):
-            self.counts["bank_card"] += 1
-            return PLACEHOLDERS["bank_card"]
-        return number
+    def _ip(self, m: re.Match) -> str:
+        text, start = m.group(0), m.start()
+        if any(len(o) > 1 and o[0] == "0" or int(o) > 255 for o in text.split(".")):
+            return text
+        if _VERSION_BEFORE.search(m.string, max(0, start - 12), start):
+            return text
+        return self._hit("ip")
 
     def text(self, s: str) -> str:
         """`s` with every match replaced by its placeholder."""
         types = self.types
-        if "email" in types and "@" in s:
-            s = self._sub(_EMAIL, "email", s)
-        if not _HAS_DIGIT_RUN.search(s):
-            return s
-        if "id_card" in types:
-            s = self._sub(_ID_CARD, "id_card", s, lambda m: id_card_valid(m.group(1)))
-        if "bank_card" in types:
-            s = _BANK_CARD.sub(self._bank_card, s)
-        if "phone" in types:
-            s = self._sub(_PHONE, "phone", s)
-        if "landline" in types:
-            s = self._sub(_LANDLINE, "landline", s)
-        if "ip" in types and "." in s:
-            s = self._sub(_IPV4, "ip", s, lambda m: not _VERSION_BEFORE.search(m.string, 0, m.start()))
+        if "@" in s and "email" in types:
+            s = _EMAIL.sub(lambda m: self._hit("email"), s)
+        if self._numbers and len(s) >= 7 and _HINT.search(s):
+            s = _NUMBER.sub(self._number, s)
         return s
 
     def value(self, v: Any) -> tuple[Any, bool]:
@@ -176,10 +195,6 @@ class Scrubber:
         return v, False
 
 
-# At least three digits in a row (with optional separators): anything shorter cannot be a phone, card or IP.
-_HAS_DIGIT_RUN = re.compile(r"\d[\d .()-]?\d[\d .-]?\d")
-
-
 def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
     """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
 
@@ -200,6 +215,9 @@ def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
                         writer.write_line(line)
                         continue
                     records += 1
+                    if not LINE_HINT.search(line):  # nothing that could match: keep the line as it is
+                        writer.write_line(line if line.endswith(b"\n") else line + b"\n")
+                        continue
                     new, c = scrubber.value(obj)
                     if c:
                         changed += 1
