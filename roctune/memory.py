@@ -368,6 +368,7 @@ class MemoryEstimate:
     trainable_params: int
     breakdown: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict, repr=False)  # how each line is counted
 
     LABELS = {
         "weights": "weights",
@@ -377,6 +378,8 @@ class MemoryEstimate:
         "optimizer_states": "optimizer states",
         "activations": "activations",
         "logits_loss": "logits and loss",
+        "optimizer_step": "optimizer step workspace",
+        "not_concurrent": "minus: not alive at the same time",
         "overhead": "framework / allocator overhead",
     }
 
@@ -396,10 +399,7 @@ class MemoryEstimate:
         return {"model": self.model, "settings": dict(self.settings), "total_params": self.total_params,
                 "trainable_params": self.trainable_params, "breakdown_bytes": dict(self.breakdown),
                 "total_bytes": self.total_bytes, "peak_tensor_bytes": self.peak_tensor_bytes,
-                "notes": list(self.notes)}
-
-    def detail(self, key: str) -> str:
-        return self._details.get(key, "") if hasattr(self, "_details") else ""
+                "details": dict(self.details), "notes": list(self.notes)}
 
     def format_table(self, title: str | None = None):
         """A rich Table of the breakdown (lines that are zero are left out)."""
@@ -413,7 +413,7 @@ class MemoryEstimate:
         t.add_column("how it is counted", overflow="fold")
         for k, v in self.breakdown.items():
             if v:
-                t.add_row(self.LABELS.get(k, k), f"{v / GiB:.2f}", self.detail(k))
+                t.add_row(self.LABELS.get(k, k), f"{v / GiB:.2f}", self.details.get(k, ""))
         t.add_row("[bold]total[/bold]", f"[bold]{self.total_bytes / GiB:.2f}[/bold]",
                   f"{self.trainable_params:,} of {self.total_params:,} parameters trained")
         return t
@@ -475,8 +475,9 @@ def _layer_saved_per_token(arch: Architecture, *, s: int, trained: bool, lora: l
 
 def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_length: int = 512, lora_r: int = 8,
              target_modules=None, dtype: str = "bf16", grad_checkpointing: bool = False, attn: str = "sdpa",
-             optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.0,
-             freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda") -> MemoryEstimate:
+             optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
+             freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
+             grad_accum: int = 1) -> MemoryEstimate:
     """Estimate the peak memory of one training step. See the module docstring for what is counted.
 
     config: a transformers PretrainedConfig, a config dict, a model directory/config.json/GGUF path, a hub
@@ -486,6 +487,9 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     freeze_trainable_layers: for method "freeze", how many of the last decoder layers are trained.
     padded: batches are padded (an attention mask is materialised, SDPA repeats k/v for GQA).
     device: "cuda" (also ROCm) or "cpu": sets dropout-mask size and whether GPU overhead is added.
+    grad_accum: micro-batches per optimizer step. Above 1, the gradients of earlier micro-batches are alive
+    while activations are; with 1, gradients appear only as activations are freed in backward, so the peak
+    is the larger of the two (this matters for full/freeze, where gradients are as large as the weights).
     """
     arch = config if isinstance(config, Architecture) else Architecture.from_config(config)
     method = _norm_choice(method, METHODS, {}, "--method")
@@ -593,27 +597,44 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
         details["activations"] += "; + dequantized weight workspace"
     sup_tokens = T * supervised_fraction
     logits = 12 * sup_tokens * V
-    details["logits_loss"] = (f"{sup_tokens:,.0f} positions x {V:,} vocab x 12 bytes "
-                              "(fp32 log-softmax, its gradient, logits gradient)")
+    details["logits_loss"] = f"{sup_tokens:,.0f} positions x {V:,} vocab x 12 bytes (fp32 loss + gradients)"
+    # optimizer step: per-tensor AdamW (the CPU default) makes two temporaries as large as the biggest trained tensor (sqrt of
+    # the second moment, then its quotient); fused AdamW makes none, for-each AdamW one per parameter
+    if optimizer == "adamw" and trainable and device == "cpu":  # roctune uses fused AdamW on GPUs: no temporaries
+        if method in ("lora", "qlora"):
+            biggest = max(lora_r * max(l.d_in, l.d_out) for l in lora_mods)
+        else:
+            biggest = max(max(l.d_in * l.d_out for l in arch.linears),
+                          arch.embedding_params if method == "full" else 0)
+        step_ws = 2 * 4 * biggest
+    else:
+        step_ws = 0
+    details["optimizer_step"] = "AdamW step: two temporaries the size of the largest trained tensor"
+    # what is not alive at the same time: with one micro-batch per step, activations and the loss are freed
+    # before the optimizer step and gradients are allocated as backward frees activations
+    together = act + logits + grads + step_ws
+    peak_dynamic = together if int(grad_accum) > 1 else max(act + logits, grads + step_ws)
+    not_together = peak_dynamic - together
+    details["not_concurrent"] = "gradients grow as backward frees activations (one micro-batch per step)"
     overhead = (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if device == "cuda" else 0
-    details["overhead"] = "CUDA/HIP context + workspaces (0.5 GiB) + 10% of activations for fragmentation"
+    details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
 
     breakdown = {"weights": int(weights), "trainable_params": int(trainable_bytes), "autocast_copies": int(autocast),
                  "gradients": int(grads), "optimizer_states": int(opt_bytes), "activations": int(act),
-                 "logits_loss": int(logits), "overhead": int(overhead)}
+                 "logits_loss": int(logits), "optimizer_step": int(step_ws), "not_concurrent": int(not_together),
+                 "overhead": int(overhead)}
     if attn == "flash_attention_2" and dtype == "fp32":
         notes.append("flash_attention_2 needs bf16/fp16")
     settings = {"method": method, "batch_size": B, "max_length": L, "lora_r": lora_r if method in ("lora", "qlora") else None,
                 "target_modules": sorted({l.path for l in lora_mods}) if lora_mods else None, "dtype": dtype,
                 "grad_checkpointing": bool(grad_checkpointing), "attn": attn, "optimizer": optimizer,
                 "supervised_fraction": supervised_fraction, "lora_dropout": lora_dropout if dropout else 0.0,
-                "device": device}
+                "device": device, "grad_accum": int(grad_accum)}
     if method == "freeze":
         settings["freeze_trainable_layers"] = trained_layers
-    est = MemoryEstimate(model=arch.name, settings=settings, total_params=arch.total_params,
-                         trainable_params=int(trainable), breakdown=breakdown, notes=notes)
-    est._details = details
-    return est
+    return MemoryEstimate(model=arch.name, settings=settings, total_params=arch.total_params,
+                          trainable_params=int(trainable), breakdown=breakdown, notes=notes,
+                          details={k: v for k, v in details.items() if breakdown.get(k)})
 
 
 # ------------------------------------------------------------------------------------------ GPU cards
@@ -722,7 +743,7 @@ class Fix:
 def _kwargs(est: MemoryEstimate) -> dict:
     s = est.settings
     kw = {k: s[k] for k in ("method", "batch_size", "max_length", "dtype", "grad_checkpointing", "attn",
-                            "optimizer", "supervised_fraction", "lora_dropout", "device")}
+                            "optimizer", "supervised_fraction", "lora_dropout", "device", "grad_accum")}
     kw["lora_r"] = s["lora_r"] or 8
     kw["target_modules"] = s["target_modules"]
     if "freeze_trainable_layers" in s:
@@ -796,8 +817,8 @@ def fit_suggestions(config: Any, vram_bytes: int, **kwargs) -> list[Fix]:
         for b in sorted((d for d in range(1, B) if B % d == 0), reverse=True):
             e = estimate(arch, **dict(k, batch_size=b))
             if e.fits(vram_bytes):
-                return Fix(f"--batch-size {b} --grad-accum {B // b} (same effective batch; multiply any "
-                           f"--grad-accum you use by {B // b})", dict(k, batch_size=b), e.total_bytes)
+                return Fix(f"--batch-size {b} --grad-accum {B // b} (x{B // b} grad-accum keeps the effective "
+                           "batch)", dict(k, batch_size=b), e.total_bytes)
         return None
 
     singles: list[Fix | None] = []
@@ -812,6 +833,13 @@ def fit_suggestions(config: Any, vram_bytes: int, **kwargs) -> list[Fix]:
     if kw["method"] in ("full", "freeze") and kw["optimizer"] == "adamw":
         singles.append(attempt("--optimizer adamw8bit", optimizer="adamw8bit"))
     fixes = [f for f in singles if f]
+    if any(f.settings["max_length"] == kw["max_length"] for f in fixes):
+        return fixes
+    # no single change keeps the length: checkpointing with a smaller batch (then QLoRA too) at that length
+    if not kw["grad_checkpointing"]:
+        f = smaller_batch(dict(kw, grad_checkpointing=True))
+        if f:
+            return fixes + [Fix(f"--grad-checkpointing {f.change}", f.settings, f.total_bytes)]
     if fixes:
         return fixes
     # combinations: checkpointing + batch 1, then + QLoRA, then shorter length on top

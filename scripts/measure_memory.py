@@ -38,7 +38,7 @@ import time
 
 DEFAULT_CACHE = "/tmp/smol-cache/model"
 DEFAULT_RUNS = ("1x128,1x512,2x256,4x256,2x512,4x512,2x256:eager,4x256:ckpt,2x512:ckpt,"
-                "2x256:drop,2x256:all,2x256:all:drop,1x256:full,2x256:full:ckpt")
+                "2x256:drop,2x256:all,2x256:all:drop,1x256:full,4x512:full,4x512:full:ckpt,4x512:freeze")
 
 
 def default_model_dir(cache: str) -> str:
@@ -100,6 +100,11 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
         target = "all-linear" if targets == "all-linear" else list(targets)
         model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=lora_dropout,
                                                  target_modules=target, task_type="CAUSAL_LM"))
+    elif method == "freeze":  # train the last two decoder layers only
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in model.model.layers[-2:].parameters():
+            p.requires_grad_(True)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
@@ -142,7 +147,7 @@ def main() -> int:
                     "converted from the bundled GGUF on first use)")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
                     help="comma-separated BxL[:eager][:ckpt][:drop (LoRA dropout 0.05)][:all (all-linear)]"
-                         "[:full (full fine-tuning)] (default: %(default)s)")
+                         "[:full (full fine-tuning)][:freeze (last 2 layers)] (default: %(default)s)")
     ap.add_argument("--lora-r", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="write the table here as JSON")
@@ -159,7 +164,7 @@ def main() -> int:
         b, l = (int(x) for x in parts[0].lower().split("x"))
         attn = "eager" if "eager" in parts[1:] else "sdpa"
         ckpt = "ckpt" in parts[1:]
-        method = "full" if "full" in parts[1:] else "lora"
+        method = next((m for m in ("full", "freeze") if m in parts[1:]), "lora")
         dropout = 0.05 if "drop" in parts[1:] else 0.0
         targets = "all-linear" if "all" in parts[1:] else ["q_proj", "k_proj", "v_proj", "o_proj"]
         row = measure_one(model_dir, b, l, attn, ckpt, args.lora_r, method, dropout, targets)
