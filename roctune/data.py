@@ -475,14 +475,17 @@ def iter_examples(specs: str | Iterable[str], on_error=None) -> Iterator[Example
                 n_errors += 1
                 _fail(on_error, err)
 
-            for where, num, obj in iter_located(src.path, count_error):
-                n_raw += 1
-                try:
-                    msgs = src.to_messages(obj, where)
-                except DataError as e:
-                    _fail(on_error, e)
-                    continue
-                yield Example(where, obj, msgs, src.path, num)
+            try:
+                for where, num, obj in iter_located(src.path, count_error):
+                    n_raw += 1
+                    try:
+                        msgs = src.to_messages(obj, where)
+                    except DataError as e:
+                        _fail(on_error, e)
+                        continue
+                    yield Example(where, obj, msgs, src.path, num)
+            except DataError as e:  # the file cannot be read on (truncated, not UTF-8, empty): go to the next
+                count_error(e)
             if n_raw == 0 and n_errors == 0:
                 _fail(on_error, DataError(f"{src.path}: no examples in the file; add at least one record"))
 
