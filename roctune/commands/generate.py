@@ -1,0 +1,106 @@
+"""`roctune generate`: answer one prompt or a JSONL file of prompts with a fine-tuned adapter;
+`--compare` shows the base model's answer beside the fine-tuned one."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from roctune.errors import DataError, RoctuneError
+
+
+def add_inference_args(p) -> None:
+    p.add_argument("--adapter", metavar="DIR", help="run directory (adapter + run.yaml) from roctune train")
+    p.add_argument("--model", metavar="NAME", help="base model (default: the adapter's, from run.yaml)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--compare", action="store_true", help="also answer with the base model, side by side")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate answers with a fine-tuned adapter", description=__doc__)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one user message")
+    src.add_argument("--input", metavar="FILE.jsonl", help="prompts: any training format, or {\"prompt\": ...} per line")
+    p.add_argument("--output", metavar="FILE.jsonl", help="write answers here (with --input)")
+    p.add_argument("--batch-size", type=int, default=8)
+    add_inference_args(p)
+    p.set_defaults(func=run)
+
+
+def read_prompts(path: str) -> list[list[dict]]:
+    """Conversations up to the last user turn, from any training format or bare {"prompt": ...} lines."""
+    from roctune.data import iter_raw, to_messages
+
+    out = []
+    for where, obj in iter_raw(path):
+        if set(obj) <= {"prompt", "system", "id"} and "prompt" in obj:
+            if not isinstance(obj["prompt"], str):
+                raise DataError(f"{where}: field 'prompt' must be a string")
+            msgs = [{"role": "user", "content": obj["prompt"]}]
+            if obj.get("system"):
+                msgs.insert(0, {"role": "system", "content": str(obj["system"])})
+        else:
+            msgs = to_messages(obj, where)
+            while msgs and msgs[-1]["role"] == "assistant":
+                msgs = msgs[:-1]
+        out.append(msgs)
+    if not out:
+        raise DataError(f"{path}: no prompts")
+    return out
+
+
+def side_by_side(prompts: list[str], base: list[str], tuned: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="base model vs fine-tuned", show_lines=True, expand=True)
+    table.add_column("prompt", ratio=2)
+    table.add_column("base", ratio=3)
+    table.add_column("fine-tuned", ratio=3)
+    for p, b, t in zip(prompts, base, tuned):
+        table.add_row(p, b, t)
+    Console(width=max(120, Console().width)).print(table)
+
+
+def run(args) -> int:
+    from roctune.generate import generate, load_for_inference
+
+    if args.adapter is None and args.model is None and args.compare:
+        raise RoctuneError("--compare needs --adapter (base vs fine-tuned)")
+    if args.output and not args.input:
+        raise RoctuneError("--output needs --input")
+    convs = read_prompts(args.input) if args.input else [[{"role": "user", "content": args.prompt}]]
+    if args.system:
+        convs = [[{"role": "system", "content": args.system}] + [m for m in c if m["role"] != "system"] for c in convs]
+    loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    tuned, base = [], []
+    for s in range(0, len(convs), args.batch_size):
+        chunk = convs[s:s + args.batch_size]
+        tuned += generate(loaded, chunk, **kw)
+        if args.compare:
+            base += generate(loaded, chunk, use_adapter=False, **kw)
+    prompts = [c[-1]["content"] for c in convs]
+    if args.output:
+        folder = os.path.dirname(os.path.abspath(args.output))
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for i, p in enumerate(prompts):
+                row = {"prompt": p, "answer": tuned[i]}
+                if args.compare:
+                    row["base_answer"] = base[i]
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, args.output)
+        print(f"wrote {len(prompts)} answers to {args.output}")
+    elif args.compare:
+        side_by_side(prompts, base, tuned)
+    else:
+        for p, t in zip(prompts, tuned):
+            print(t if len(prompts) == 1 else f">>> {p}\n{t}\n")
+    return 0

@@ -1,0 +1,158 @@
+"""Training configuration: one dataclass with help text, filled from defaults, a YAML file and
+`key=value` overrides (in that order, later wins), then validated with errors that name the key."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from roctune.errors import ConfigError
+
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@dataclass
+class TrainConfig:
+    data: list[str] = field(default_factory=list, metadata={"help": "training data files (repeatable)"})
+    output: str = field(default="", metadata={"help": "run directory for the adapter, logs and checkpoints"})
+    model: str | None = field(default=None, metadata={"help": "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)"})
+    method: str = field(default="lora", metadata={"help": "lora (more methods: see --help)"})
+    eval_data: list[str] = field(default_factory=list, metadata={"help": "evaluation data files"})
+    eval_ratio: float = field(default=0.0, metadata={"help": "hold out this fraction of the training data for evaluation"})
+    max_steps: int = field(default=-1, metadata={"help": "optimizer steps (overrides --epochs when > 0)"})
+    epochs: float = field(default=1.0, metadata={"help": "passes over the training data"})
+    lr: float = field(default=2e-4, metadata={"help": "peak learning rate"})
+    lr_scheduler: str = field(default="linear", metadata={"help": "linear, cosine or constant"})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "fraction of steps spent warming up the learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 turns it off)"})
+    batch_size: int = field(default=2, metadata={"help": "examples per micro-batch"})
+    grad_accum: int = field(default=4, metadata={"help": "micro-batches per optimizer step"})
+    max_length: int = field(default=512, metadata={"help": "tokens per example; longer ones are truncated"})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
+    lora_alpha: float = field(default=16, metadata={"help": "LoRA alpha (scale = alpha / r)"})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES),
+                                      metadata={"help": "modules to adapt, or all-linear"})
+    seed: int = field(default=42, metadata={"help": "random seed (data order, LoRA init, dropout)"})
+    save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N steps (0: only at the end)"})
+    save_total_limit: int = field(default=2, metadata={"help": "checkpoints to keep"})
+    logging_steps: int = field(default=1, metadata={"help": "log every N steps"})
+    eval_steps: int = field(default=0, metadata={"help": "evaluate every N steps (0: at the end only)"})
+    resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in --output"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a previous run in --output"})
+    device: str = field(default="auto", metadata={"help": "auto, cuda (also ROCm) or cpu"})
+    dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32"})
+    attn: str = field(default="auto", metadata={"help": "auto, eager, sdpa or flash_attention_2"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "run the model repository's own code (off by default)"})
+    grad_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"})
+    group_by_length: bool = field(default=True, metadata={"help": "batch examples of similar length together (less padding)"})
+    packing: str = field(default="auto", metadata={"help": "padding-free micro-batches: auto, on or off"})
+    loss_on_supervised_only: bool = field(default=True, metadata={"help": "compute the output layer only where labels are trained"})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> "TrainConfig":
+        if not self.data:
+            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion JSON/JSONL)")
+        if not self.output:
+            raise ConfigError("no output directory: pass --output DIR")
+        positive = {"batch_size": self.batch_size, "grad_accum": self.grad_accum, "max_length": self.max_length,
+                    "lora_r": self.lora_r}
+        for k, v in positive.items():
+            if v <= 0:
+                raise ConfigError(f"{k.replace('_', '-')} must be > 0 (got {v})")
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise ConfigError("set --epochs > 0 or --max-steps > 0")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0 (got {self.lr})")
+        if not 0 <= self.eval_ratio < 1:
+            raise ConfigError(f"eval-ratio must be in [0, 1) (got {self.eval_ratio})")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora-dropout must be in [0, 1) (got {self.lora_dropout})")
+        if self.lr_scheduler not in ("linear", "cosine", "constant"):
+            raise ConfigError(f"lr-scheduler must be linear, cosine or constant (got {self.lr_scheduler!r})")
+        if self.packing not in ("auto", "on", "off"):
+            raise ConfigError(f"packing must be auto, on or off (got {self.packing!r})")
+        if self.method not in ("lora",):
+            raise ConfigError(f"method {self.method!r} is not supported; use lora")
+        if not self.target_modules:
+            raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj) or all-linear")
+        return self
+
+
+def _coerce(name: str, value: Any, current: Any, annotation: str) -> Any:
+    """Turn a YAML or `key=value` string into the field's type, with an error naming the key."""
+    if "list" in annotation:
+        if isinstance(value, str):
+            return [v for v in value.replace(",", " ").split() if v]
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        raise ConfigError(f"{name}: expected a list, got {value!r}")
+    if annotation.startswith("bool"):
+        if isinstance(value, bool):
+            return value
+        s = str(value).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if annotation.startswith("int"):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+    if annotation.startswith("float"):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if value is None:
+        return None
+    return str(value)
+
+
+def apply(cfg: TrainConfig, values: dict[str, Any], origin: str) -> TrainConfig:
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    for raw_key, value in values.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in types:
+            close = [k for k in types if key[:4] in k]
+            hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
+            raise ConfigError(f"{origin}: unknown setting '{raw_key}'{hint}")
+        setattr(cfg, key, _coerce(f"{origin}: {raw_key}", value, getattr(cfg, key), types[key]))
+    return cfg
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings (key: value)")
+    return data
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. lr=1e-4)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out

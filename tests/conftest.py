@@ -1,0 +1,62 @@
+"""Shared fixtures: the bundled model (converted once into a cache inside the repo), tiny random models built
+from a config (no downloads), and small dataset files in every supported format."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("ROCTUNE_HOME", os.path.join(REPO, ".cache", "roctune"))
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> str:
+    from roctune.models import resolve_model
+
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_dir):
+    from roctune.models import load_tokenizer
+
+    return load_tokenizer(default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir) -> str:
+    """A 2-layer llama with hidden size 64 and the bundled model's tokenizer and chat template."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def alpaca_file(tmp_path) -> str:
+    rows = [{"instruction": f"Say the word number {i}.", "input": "", "output": f"Word {i}: banana."} for i in range(12)]
+    return write_jsonl(tmp_path / "alpaca.jsonl", rows)
+
+
+IDENTITY = os.path.join(REPO, "examples", "identity.jsonl")
