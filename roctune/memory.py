@@ -460,8 +460,8 @@ def _layer_saved_per_token(arch: Architecture, *, s: int, trained: bool, lora: l
                 shared = True
             else:
                 total += len(adapted) * width * (lora_bytes + (mask_bytes if dropout else 0))
-        if shared:
-            total += width * s
+        if shared and not (feed == "attn_out" and attn != "eager"):
+            total += width * s  # (a fused kernel's output is already in o_proj's input layout: counted below)
     total += sum(lora_r * lora_bytes for _ in lora)  # lora_A outputs, saved by lora_B
     # attention: q (after RoPE), k and v (repeated to every head when SDPA cannot do GQA natively)
     kv_saved = q if (repeat_kv or attn == "eager") else kvd
@@ -572,17 +572,24 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
         saving_layers, per_tok = N, per_tok_lora
     else:
         saving_layers, per_tok = trained_layers, per_tok_full
-    quad = B * arch.heads * L * L * (4 + (s if s != 4 else 0)) if attn == "eager" else 0  # eager softmax
+    if attn == "eager":  # the fp32 softmax over L x L (and its half-precision copy)
+        quad = B * arch.heads * L * L * (4 + (s if s != 4 else 0))
+    elif attn == "sdpa" and padded:  # SDPA turns the boolean mask into a float one and keeps it for backward
+        quad = B * L * L * s
+    else:
+        quad = 0
     layer_bytes = per_tok * T + quad
+    recompute = 0
     if grad_checkpointing and saving_layers:
         # each layer's input is kept; during backward one layer is recomputed, plus its gradient buffers
-        act = saving_layers * T * H * s + layer_bytes + T * (2 * arch.intermediate + 3 * H) * s
+        recompute = layer_bytes + T * (2 * arch.intermediate + 3 * H) * s
+        act = saving_layers * T * H * s + recompute
         details["activations"] = (f"checkpointing: {saving_layers} layer inputs + 1 layer recomputed "
                                   f"({per_tok / 1024:.1f} KiB/token)")
     else:
         act = saving_layers * layer_bytes
         details["activations"] = f"{saving_layers} layers x {per_tok / 1024:.1f} KiB/token x {T:,} tokens" + (
-            " + eager L x L softmax" if quad else "")
+            " + L x L " + ("softmax" if attn == "eager" else "mask") if quad else "")
     # shared by all layers: RoPE cos/sin, the attention mask, the final norm's fp32 input
     act += 2 * T * arch.head_dim * s + 4 * T * H
     if padded and attn == "sdpa":
@@ -612,10 +619,18 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     details["optimizer_step"] = "AdamW step: two temporaries the size of the largest trained tensor"
     # what is not alive at the same time: with one micro-batch per step, activations and the loss are freed
     # before the optimizer step and gradients are allocated as backward frees activations
+    # phases: loss backward (activations + loss), recomputing a checkpointed layer (after the loss tensors
+    # are freed), optimizer step (gradients + workspace)
+    backward = act - recompute + max(logits, recompute)
     together = act + logits + grads + step_ws
-    peak_dynamic = together if int(grad_accum) > 1 else max(act + logits, grads + step_ws)
+    if int(grad_accum) > 1:
+        peak_dynamic = grads + max(backward, step_ws)
+    else:
+        peak_dynamic = max(backward, grads + step_ws)
     not_together = peak_dynamic - together
-    details["not_concurrent"] = "gradients grow as backward frees activations (one micro-batch per step)"
+    details["not_concurrent"] = ("gradients grow as backward frees activations" + (" (one micro-batch per step)"
+                                 if int(grad_accum) <= 1 else "") + ("; the loss is freed before layers are "
+                                 "recomputed" if recompute else ""))
     overhead = (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if device == "cuda" else 0
     details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
 
