@@ -423,7 +423,8 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
             losses.append(step_loss)
             done = step + 1
             last = {"step": done, "epoch": round(done / steps_per_epoch, 4), "loss": round(step_loss, 6),
-                    "lr": lr, "tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3)}
+                    "lr": lr, "tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3),
+                    "tokens": n_tok, "supervised_tokens": n_sup}
             is_last = done == total
             if eval_ex and ((cfg.eval_steps and done % cfg.eval_steps == 0) or is_last):
                 last["eval_loss"] = round(evaluate(model, eval_ex, setup, pad_id, cfg.batch_size, supervised_only), 6)
