@@ -159,15 +159,22 @@ def iter_located(path: str, on_error=None, *, decode_json_cells: bool = True
 
 
 def _iter_jsonl(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:
-    with open(path, "rb") as f:
+    loads = json.loads
+    with open(path, "rb", buffering=_CHUNK) as f:
         for lineno, line in enumerate(f, 1):
             try:
-                obj = parse_jsonl_line(line, path, lineno)
-            except DataError as e:
-                _fail(on_error, e)
-                continue
-            if obj is not None:
-                yield f"{path}:{lineno}", lineno, obj
+                obj = loads(line)  # fast path; anything unusual goes through parse_jsonl_line for the message
+            except ValueError:
+                obj = None
+            if obj.__class__ is not dict:
+                try:
+                    obj = parse_jsonl_line(line, path, lineno)
+                except DataError as e:
+                    _fail(on_error, e)
+                    continue
+                if obj is None:
+                    continue
+            yield f"{path}:{lineno}", lineno, obj
 
 
 def _iter_json_array(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:

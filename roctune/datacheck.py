@@ -41,17 +41,13 @@ def normalise(text: str) -> bytes:
     return b
 
 
-def _hash64(value) -> int:
-    return hash(value)  # a 64-bit signed int; only compared within one run
-
-
 class _Locations:
     """Record index -> 'file:line' without storing a string per record."""
 
     def __init__(self) -> None:
         self.starts: list[int] = []
         self.files: list[tuple[str, str]] = []
-        self.nums = array.array("q")
+        self.nums = array.array("I")  # line or record number; 4 bytes is plenty
 
     def add(self, ex: Example) -> None:
         if not self.files or self.files[-1][0] != ex.path:
@@ -65,15 +61,27 @@ class _Locations:
 
 
 def _conversation_keys(messages: list[dict[str, str]]):
+    """Hashes of one conversation: (exact, near, prompt, answer) and whether the answer repeats the prompt.
+
+    The prompt is every turn before the last assistant turn, the answer that turn (and any after it); each
+    part is normalised in one call, its turns joined by U+0080 (kept by `normalise`, absent from real text).
+    """
     roles = tuple(m["role"] for m in messages)
-    norms = tuple(normalise(m["content"]) for m in messages)
-    exact = _hash64((roles, tuple(m["content"] for m in messages)))
-    near = _hash64((roles, norms))
+    contents = tuple(m["content"] for m in messages)
     last = len(roles) - 1 - roles[::-1].index("assistant")
-    prompt = _hash64((roles[:last], norms[:last]))
-    answer = _hash64(norms[last])
-    users = [n for m, n in zip(messages[:last], norms[:last]) if m["role"] == "user"]
-    echo = bool(users) and bool(norms[last]) and users[-1] == norms[last]
+    prompt_n = normalise("\x80".join(contents[:last]))
+    answer_n = normalise(contents[last]) if last == len(roles) - 1 else normalise("\x80".join(contents[last:]))
+    exact = hash((roles, contents))
+    near = hash((roles, prompt_n, answer_n))
+    prompt = hash((roles[:last], prompt_n))
+    answer = hash((roles[last:], answer_n))
+    echo = False
+    if answer_n and last > 0:
+        lu = last - 1
+        while lu >= 0 and roles[lu] != "user":
+            lu -= 1
+        if lu >= 0:
+            echo = (prompt_n if last == 1 else normalise(contents[lu])) == answer_n
     return exact, near, prompt, answer, echo
 
 
@@ -81,22 +89,29 @@ def _finding(count: int, examples: list, what: str) -> dict:
     return {"count": int(count), "examples": examples, "what": what}
 
 
-def _repeats(values) -> "Any":
-    """Boolean mask over positions: True where the value already occurred at an earlier position."""
+def _repeats(arr) -> "Any":
+    """Boolean mask over positions: True where the value already occurred at an earlier position.
+    Needs 17 bytes per record for the moment it runs (a stable argsort and the sorted copy)."""
     import numpy as np
 
-    arr = np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
     order = np.argsort(arr, kind="stable")
     s = arr[order]
     same = np.zeros(len(arr), dtype=bool)
     same[1:] = s[1:] == s[:-1]
+    del s
     mask = np.zeros(len(arr), dtype=bool)
     mask[order] = same
-    first = np.empty(len(arr), dtype=np.int64)  # index of the first occurrence of each value
-    if len(arr):
-        group_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(arr))))
-        first[order] = order[group_start]
-    return mask, first
+    return mask
+
+
+def _first_of(arr, i: int) -> int:
+    """The first position holding the same value as position i."""
+    import numpy as np
+
+    return int(np.flatnonzero(arr == arr[i])[0])
+
+
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant: near key = prompt key * _MIX + answer key (mod 2**64)
 
 
 def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=None,
@@ -118,7 +133,7 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
         eval_keys.add(_conversation_keys(ex.messages)[1])
 
     locs = _Locations()
-    exact_h, near_h, prompt_h, answer_h = (array.array("q") for _ in range(4))
+    exact_h, prompt_h, answer_h = (array.array("q") for _ in range(3))
     lengths = array.array("q")
     empty: list[str] = []
     n_empty = 0
@@ -130,10 +145,9 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
         locs.add(ex)
         exact, near, prompt, answer, is_echo = _conversation_keys(ex.messages)
         exact_h.append(exact)
-        near_h.append(near)
         prompt_h.append(prompt)
         answer_h.append(answer)
-        blank = [j for j, m in enumerate(ex.messages) if not m["content"].strip()]
+        blank = [j for j, m in enumerate(ex.messages) if not m["content"] or m["content"].isspace()]
         if blank:
             n_empty += 1
             if len(empty) < N_EXAMPLES:
@@ -151,35 +165,48 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
             lengths.append(len(ids))
     n_valid = len(exact_h)
 
-    exact_rep, exact_first = _repeats(exact_h)
-    near_rep, near_first = _repeats(near_h)
-    near_only = near_rep & ~exact_rep
+    # Memory: 28 bytes per record were kept while streaming; the steps below add at most ~25 more at a time.
+    exact = np.frombuffer(exact_h, dtype=np.int64) if n_valid else np.zeros(0, dtype=np.int64)
+    p = np.frombuffer(prompt_h, dtype=np.int64) if n_valid else np.zeros(0, dtype=np.int64)
+    a = np.frombuffer(answer_h, dtype=np.int64) if n_valid else np.zeros(0, dtype=np.int64)
 
-    def pairs(mask, first) -> list[str]:
-        idx = np.flatnonzero(mask)[:N_EXAMPLES]
-        return [f"{locs[int(i)]} repeats {locs[int(first[i])]}" for i in idx]
+    def pairs(mask, arr) -> list[str]:
+        return [f"{locs[int(i)]} repeats {locs[_first_of(arr, int(i))]}"
+                for i in np.flatnonzero(mask)[:N_EXAMPLES]]
 
-    # Conflicts: one normalised prompt, several different normalised answers.
+    exact_rep = _repeats(exact)
+    dup_examples = pairs(exact_rep, exact)
+    with np.errstate(over="ignore"):
+        near = p.astype(np.uint64) * np.uint64(_MIX) + a.astype(np.uint64)
+    near_only = _repeats(near) & ~exact_rep
+    near_examples = pairs(near_only, near)
+    n_dups, n_near = int(exact_rep.sum()), int(near_only.sum())
+    del near, exact_rep, near_only
+
+    # Conflicts: one normalised prompt, several different normalised answers. Sorted by (prompt, answer),
+    # an answer that changes inside a run of equal prompts marks a conflicting prompt.
     conflicts: list[str] = []
     n_conflicts = 0
-    if n_valid:
-        p = np.frombuffer(prompt_h, dtype=np.int64)
-        a = np.frombuffer(answer_h, dtype=np.int64)
+    if n_valid > 1:
         order = np.lexsort((a, p))
-        ps, as_ = p[order], a[order]
-        new_prompt = np.ones(n_valid, dtype=bool)
-        new_prompt[1:] = ps[1:] != ps[:-1]
-        group = np.cumsum(new_prompt) - 1
-        new_answer = np.ones(n_valid, dtype=bool)
-        new_answer[1:] = (as_[1:] != as_[:-1]) | new_prompt[1:]
-        distinct = np.bincount(group, weights=new_answer.astype(np.int64)).astype(np.int64)
-        bad_groups = np.flatnonzero(distinct > 1)
-        n_conflicts = len(bad_groups)
-        for g in bad_groups[:N_EXAMPLES]:
-            members = np.sort(order[group == g])
-            shown = ", ".join(locs[int(i)] for i in members[:4])
-            more = f" and {len(members) - 4} more" if len(members) > 4 else ""
-            conflicts.append(f"{int(distinct[g])} different answers: {shown}{more}")
+        ps = p[order]
+        new_prompt = ps[1:] != ps[:-1]
+        del ps
+        as_ = a[order]
+        changes = np.flatnonzero((as_[1:] != as_[:-1]) & ~new_prompt) + 1  # positions in sorted order
+        del as_
+        if len(changes):
+            group = np.concatenate(([0], np.cumsum(new_prompt, dtype=np.int32)))
+            bad_groups = np.unique(group[changes])
+            n_conflicts = len(bad_groups)
+            for g in bad_groups[:N_EXAMPLES]:
+                members = np.sort(order[group == g])
+                n_answers = len(np.unique(a[members]))
+                shown = ", ".join(locs[int(i)] for i in members[:4])
+                more = f" and {len(members) - 4} more" if len(members) > 4 else ""
+                conflicts.append(f"{n_answers} different answers: {shown}{more}")
+            del group
+        del order, new_prompt
 
     tokens = None
     if tokenizer is not None and n_valid:
@@ -197,9 +224,8 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
         "schema_errors": {"count": n_errors, "first": errors},
         "warnings": {
             "empty_fields": _finding(n_empty, empty, "records with an empty or whitespace-only turn"),
-            "duplicates": _finding(int(exact_rep.sum()), pairs(exact_rep, exact_first),
-                                   "exact repeats of an earlier record"),
-            "near_duplicates": _finding(int(near_only.sum()), pairs(near_only, near_first),
+            "duplicates": _finding(n_dups, dup_examples, "exact repeats of an earlier record"),
+            "near_duplicates": _finding(n_near, near_examples,
                                         "repeats after ignoring case, punctuation and spacing"),
             "conflicts": _finding(n_conflicts, conflicts, "prompts that have different answers"),
             "answer_equals_prompt": _finding(n_echo, echo, "answers identical to their prompt"),

@@ -33,28 +33,29 @@ TYPES = tuple(PLACEHOLDERS)
 # checks with a fixed-width lookbehind that no letter, digit, '_', '.' or '+' came right before it; the
 # lookahead _R rejects a letter, digit or '_' right after, and a decimal part.
 _X = r"[0-9A-Za-z_.+]"
-_R = r"(?![0-9A-Za-z_]|\.\d)"
+_R = r"(?![0-9A-Za-z_]|\.[0-9])"
 _EMAIL = re.compile(r"[A-Za-z0-9](?<![A-Za-z0-9._%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
-_LOCAL = r"[2-9]\d{6,7}(?:-\d{1,5})?"  # landline local number, optional extension
-# One pass finds every numeric candidate (IP addresses included); the named group says which shape matched, the validators decide.
+_LOCAL = r"[2-9][0-9]{6,7}(?:-[0-9]{1,5})?"  # landline local number, optional extension
+# One pass finds every numeric candidate (IP addresses included); the named group says which shape
+# matched, the validators decide.
 _NUMBER = re.compile(
-    r"[\d+(](?<!" + _X + r".)(?:"
-    r"(?P<id>(?<=\d)\d{14}(?:\d\d[\dXx])?" + _R + r")"
-    r"|(?P<bank>(?<=[2-6])\d{3}(?:[ -]\d{4}){3}[ -]\d{1,3}" + _R
-    + r"|(?<=[2-6])\d{3}(?:[ -]?\d{4}){2}[ -]?\d{4,7}" + _R + r")"
-    r"|(?P<phone>(?:(?<=\+)86|(?<=0)086|(?<=8)6)[ -]?1[3-9]\d(?:[ -]?\d{4}){2}" + _R
-    + r"|(?<=1)[3-9]\d(?:[ -]?\d{4}){2}" + _R + r")"
-    r"|(?P<ip>(?<=\d)\d{0,2}(?:\.\d{1,3}){3}" + _R + r")"
-    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0\d{2,3}\)[ -]?|0\d{2,3}[- ])|(?<=\()0\d{2,3}\)[ -]?|(?<=0)\d{2,3}[- ])"
+    r"[0-9+(](?<!" + _X + r".)(?:"
+    r"(?P<id>(?<=[0-9])[0-9]{14}(?:[0-9][0-9][0-9Xx])?" + _R + r")"
+    r"|(?P<bank>(?<=[2-6])[0-9]{3}(?:[ -][0-9]{4}){3}[ -][0-9]{1,3}" + _R
+    + r"|(?<=[2-6])[0-9]{3}(?:[ -]?[0-9]{4}){2}[ -]?[0-9]{4,7}" + _R + r")"
+    r"|(?P<phone>(?:(?<=\+)86|(?<=0)086|(?<=8)6)[ -]?1[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R
+    + r"|(?<=1)[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R + r")"
+    r"|(?P<ip>(?<=[0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}" + _R + r")"
+    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0[0-9]{2,3}\)[ -]?|0[0-9]{2,3}[- ])|(?<=\()0[0-9]{2,3}\)[ -]?|(?<=0)[0-9]{2,3}[- ])"
     + _LOCAL + _R + r")"
     r")")
-_PHONE_15 = re.compile(r"00861[3-9]\d{9}")
+_PHONE_15 = re.compile(r"00861[3-9][0-9]{9}")
 # Cheap tests (each starts with a class, so the engine scans in C) that a string may hold something at all:
 # 7 digits in a row, a grouped number or the start of an IP address.
-_HINT = re.compile(r"\d(?:\d{6}|[ -]\d{4}|\)\d|\.\d{1,3}\.\d)")
-# The same on a raw JSON Lines line, plus '@' (e-mail) and '\u' (an escape could hide anything).
-LINE_HINT = re.compile(rb"[\d@\\](?:(?<=\d)(?:\d{6}|[ -]\d{4}|\)\d|\.\d{1,3}\.\d)|(?<=@)|(?<=\\)u)")
+_HINT = re.compile(r"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
+# The same on a raw JSON Lines line; `_line_may_match` adds '@' (e-mail) and '\u' (an escape could hide anything).
+LINE_HINT = re.compile(rb"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
 _VERSION_BEFORE = re.compile(r"(?:\b(?:v|ver|version|release|build|rev)|版本|版本号)[\s:：=]*$", re.IGNORECASE)
 
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
@@ -195,6 +196,38 @@ class Scrubber:
         return v, False
 
 
+def _line_may_match(line: bytes) -> bool:
+    return b"@" in line or b"\\u" in line or LINE_HINT.search(line) is not None
+
+
+def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
+    """Bytes in, bytes out: a line is parsed (to validate it) and re-serialised only if something in it
+    was redacted, so every other line is copied exactly."""
+    records = changed = 0
+    loads, dumps = json.loads, json.dumps
+    with open(inp, "rb", buffering=1 << 20) as f, open(tmp, "wb", buffering=1 << 20) as out:
+        for lineno, line in enumerate(f, 1):
+            try:
+                obj = loads(line)
+            except ValueError:
+                obj = None
+            if obj.__class__ is not dict:
+                obj = parse_jsonl_line(line, inp, lineno)  # raises with the line number, or None if blank
+                if obj is None:
+                    out.write(line)
+                    continue
+            records += 1
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            if _line_may_match(line):
+                new, c = scrubber.value(obj)
+                if c:
+                    changed += 1
+                    line = (dumps(new, ensure_ascii=False) + "\n").encode("utf-8")
+            out.write(line)
+    return records, changed
+
+
 def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
     """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
 
@@ -207,23 +240,7 @@ def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
     records = changed = 0
     with atomic_path(out) as tmp:
         if kind == "jsonl":
-            writer = RecordWriter(tmp, "jsonl")
-            with open(inp, "rb") as f:
-                for lineno, line in enumerate(f, 1):
-                    obj = parse_jsonl_line(line, inp, lineno)
-                    if obj is None:
-                        writer.write_line(line)
-                        continue
-                    records += 1
-                    if not LINE_HINT.search(line):  # nothing that could match: keep the line as it is
-                        writer.write_line(line if line.endswith(b"\n") else line + b"\n")
-                        continue
-                    new, c = scrubber.value(obj)
-                    if c:
-                        changed += 1
-                        writer.write(new)
-                    else:
-                        writer.write_line(line if line.endswith(b"\n") else line + b"\n")
+            records, changed = _scrub_jsonl(inp, tmp, scrubber)
         else:
             fieldnames, schema, delimiter = None, None, ","
             if kind == "csv":
@@ -245,7 +262,7 @@ def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
                 new, c = scrubber.value(obj)
                 changed += c
                 writer.write(new)
-        writer.close()
+            writer.close()
     counts = {t: scrubber.counts.get(t, 0) for t in TYPES if t in scrubber.types}
     return {"input": inp, "output": out, "format": kind, "records": records, "records_changed": changed,
             "counts": counts, "total": sum(counts.values())}

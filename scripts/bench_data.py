@@ -28,8 +28,9 @@ from roctune.cli import main
 t = time.perf_counter()
 rc = main(sys.argv[1:])
 dt = time.perf_counter() - t
-peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(f"BENCH rc={rc} seconds={dt:.3f} peak_rss_mb={peak_kb / 1024:.1f}", file=sys.stderr)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(f"BENCH rc={rc} seconds={dt:.3f} cpu_seconds={ru.ru_utime + ru.ru_stime:.3f} "
+      f"peak_rss_mb={ru.ru_maxrss / 1024:.1f}", file=sys.stderr)
 """
 
 _EN = ["How do I reset my password?", "Summarise the following paragraph in one sentence.",
@@ -69,13 +70,27 @@ def _record(i: int, rng: random.Random) -> dict:
             "score": round(rng.random(), 3)}
 
 
+def _line(i: int, rng: random.Random) -> str:
+    if i % 50 == 49:  # 2% exact duplicates of a recent record
+        return json.dumps(_record(i - 20, random.Random(i - 20)), ensure_ascii=False) + "\n"
+    rec = _record(i, random.Random(i))
+    if i % 100 == 3:  # 1% near-duplicates: another record's text in different case and spacing
+        rec = _record(i - 1, random.Random(i - 1))
+        key = "instruction" if "instruction" in rec else "messages"
+        if key == "instruction":
+            rec["instruction"] = "  " + rec["instruction"].upper() + "!"
+        else:
+            rec["messages"][1]["content"] = rec["messages"][1]["content"].upper()
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
 def generate(path: str, size_mb: int) -> int:
     rng = random.Random(0)
     target = size_mb * 1024 * 1024
     written = n = 0
     with open(path, "w", encoding="utf-8") as f:
         while written < target:
-            lines = [json.dumps(_record(n + k, rng), ensure_ascii=False) + "\n" for k in range(2000)]
+            lines = [_line(n + k, rng) for k in range(2000)]
             n += len(lines)
             block = "".join(lines)
             f.write(block)
@@ -93,6 +108,7 @@ def run(args: list[str], size: int) -> dict:
     secs = float(fields["seconds"])
     return {"command": "roctune " + " ".join(a if "/" not in a else os.path.basename(a) for a in args),
             "rc": int(fields["rc"]), "seconds": secs, "mb_per_s": round(size / 1e6 / secs, 1),
+            "cpu_mb_per_s": round(size / 1e6 / float(fields["cpu_seconds"]), 1),
             "peak_rss_mb": float(fields["peak_rss_mb"])}
 
 
@@ -115,8 +131,12 @@ def main() -> int:
         if a.only in (None, "scrub"):
             results.append(run(["data", "scrub", src, os.path.join(tmp, "clean.jsonl")], size))
         for r in results:
-            print(f"{r['command']}: {r['seconds']:.1f}s, {r['mb_per_s']} MB/s, peak RSS {r['peak_rss_mb']:.0f} MB"
-                  f" (exit {r['rc']})")
+            print(f"{r['command']}: {r['seconds']:.1f}s wall, {r['mb_per_s']} MB/s "
+                  f"({r['cpu_mb_per_s']} MB/s of CPU time), peak RSS {r['peak_rss_mb']:.0f} MB (exit {r['rc']})")
+        load = os.getloadavg()[0]
+        print(f"load average {load:.1f} on {os.cpu_count()} CPUs"
+              + (" (other work was running: wall-clock figures are lower than on an idle machine)"
+                 if load > os.cpu_count() * 0.75 else ""))
         ok = all(r["mb_per_s"] >= 20 and r["peak_rss_mb"] < 500 for r in results)
         print("target (>= 20 MB/s, peak RSS < 500 MB):", "met" if ok else "NOT met")
         return 0 if ok else 1
