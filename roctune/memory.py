@@ -477,7 +477,7 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
              target_modules=None, dtype: str = "bf16", grad_checkpointing: bool = False, attn: str = "sdpa",
              optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
              freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
-             grad_accum: int = 1) -> MemoryEstimate:
+             grad_accum: int = 1, autocast: bool | None = None) -> MemoryEstimate:
     """Estimate the peak memory of one training step. See the module docstring for what is counted.
 
     config: a transformers PretrainedConfig, a config dict, a model directory/config.json/GGUF path, a hub
@@ -487,6 +487,8 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     freeze_trainable_layers: for method "freeze", how many of the last decoder layers are trained.
     padded: batches are padded (an attention mask is materialised, SDPA repeats k/v for GQA).
     device: "cuda" (also ROCm) or "cpu": sets dropout-mask size and whether GPU overhead is added.
+    autocast: forward under torch.autocast in bf16/fp16 (default: on the GPU, as roctune's trainer does);
+    without it, peft's fp32 adapters get fp32 copies of their inputs.
     grad_accum: micro-batches per optimizer step. Above 1, the gradients of earlier micro-batches are alive
     while activations are; with 1, gradients appear only as activations are freed in backward, so the peak
     is the larger of the two (this matters for full/freeze, where gradients are as large as the weights).
@@ -559,7 +561,9 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
         details["optimizer_states"] = "SGD without momentum: none"
 
     # ---- activations
-    lora_bytes = s if device == "cuda" and s != 4 else 4  # under autocast the adapter inputs are cast to dtype
+    if autocast is None:
+        autocast = device == "cuda"
+    lora_bytes = s if autocast and s != 4 else 4  # under autocast the adapter inputs are cast to dtype
     dropout = method in ("lora", "qlora") and lora_dropout > 0
     mask_bytes = 1 if device == "cuda" else 4
     repeat = padded and arch.kv_heads != arch.heads and attn != "flash_attention_2"
@@ -644,7 +648,7 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
                 "target_modules": sorted({l.path for l in lora_mods}) if lora_mods else None, "dtype": dtype,
                 "grad_checkpointing": bool(grad_checkpointing), "attn": attn, "optimizer": optimizer,
                 "supervised_fraction": supervised_fraction, "lora_dropout": lora_dropout if dropout else 0.0,
-                "device": device, "grad_accum": int(grad_accum)}
+                "device": device, "grad_accum": int(grad_accum), "autocast": bool(autocast)}
     if method == "freeze":
         settings["freeze_trainable_layers"] = trained_layers
     return MemoryEstimate(model=arch.name, settings=settings, total_params=arch.total_params,
@@ -758,7 +762,8 @@ class Fix:
 def _kwargs(est: MemoryEstimate) -> dict:
     s = est.settings
     kw = {k: s[k] for k in ("method", "batch_size", "max_length", "dtype", "grad_checkpointing", "attn",
-                            "optimizer", "supervised_fraction", "lora_dropout", "device", "grad_accum")}
+                            "optimizer", "supervised_fraction", "lora_dropout", "device", "grad_accum",
+                            "autocast")}
     kw["lora_r"] = s["lora_r"] or 8
     kw["target_modules"] = s["target_modules"]
     if "freeze_trainable_layers" in s:

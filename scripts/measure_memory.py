@@ -18,9 +18,12 @@ memory allocated (and freed) while recording. So for one training step we:
 This counts tensor storage only (what `torch.cuda.max_memory_allocated` counts on a GPU), not the
 Python interpreter, libraries or allocator caching. The run is the standard Hugging Face forward:
 `model(input_ids, attention_mask, labels).loss`, i.e. logits over the whole vocabulary for every
-position and an fp32 cross-entropy, with peft LoRA (r=8, alpha=16, no dropout) on q/k/v/o, fp32 weights,
-attention "sdpa" unless --attn says otherwise. Each batch has one row padded by a quarter of its length,
-as batches padded to their longest example are, so the attention mask is materialised.
+position and an fp32 cross-entropy. By default: peft LoRA (r=8, alpha=16, no dropout) on q/k/v/o, fp32
+weights, attention "sdpa", torch's AdamW; each run's suffixes change one thing (dropout 0.05, all-linear
+targets, eager attention, gradient checkpointing, full fine-tuning, freeze of the last two layers, or bf16
+weights with fp32 LoRA weights under `torch.autocast("cpu", bfloat16)`, which mirrors roctune's trainer
+on a GPU). Each batch has one row padded by a quarter of its length, as batches padded to their longest
+example are, so the attention mask is materialised.
 
 Usage (slow: about a minute per configuration on one core):
     .venv/bin/python scripts/measure_memory.py --out tests/data/memory_measured_cpu.json
@@ -38,7 +41,8 @@ import time
 
 DEFAULT_CACHE = "/tmp/smol-cache/model"
 DEFAULT_RUNS = ("1x128,1x512,2x256,4x256,2x512,4x512,2x256:eager,4x256:ckpt,2x512:ckpt,"
-                "2x256:drop,2x256:all,2x256:all:drop,1x256:full,4x512:full,4x512:full:ckpt,4x512:freeze")
+                "2x256:drop,2x256:all,2x256:all:drop,1x256:full,4x512:full,4x512:full:ckpt,4x512:freeze,"
+                "2x256:bf16,2x512:bf16,2x256:bf16:all,2x512:bf16:ckpt")
 
 
 def default_model_dir(cache: str) -> str:
@@ -84,14 +88,18 @@ def peak_allocated(trace_path: str) -> int:
 
 
 def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, lora_r: int,
-                method: str = "lora", lora_dropout: float = 0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")) -> dict:
+                method: str = "lora", lora_dropout: float = 0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+                half: bool = False) -> dict:
+    """One measured step. half: bf16 weights and torch.autocast(bf16) around forward and loss, LoRA weights in
+    fp32, which is what roctune's trainer does on a GPU (the CPU has an autocast of its own)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if half else torch.float32,
+                                                 attn_implementation=attn)
     model.config.use_cache = False
     if ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -107,7 +115,13 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
             p.requires_grad_(True)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # trained weights in fp32, as roctune's trainer keeps them
+        if p.dtype != torch.float32:
+            p.data = p.data.float()
     opt = torch.optim.AdamW(params, lr=1e-4)
+    import contextlib
+
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
 
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, length))
@@ -116,7 +130,8 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
     labels = ids.masked_fill(mask == 0, -100)
 
     def step():
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        with amp:
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -135,7 +150,8 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
         prof.export_chrome_trace(trace)
         del prof
         extra = peak_allocated(trace)
-    return {"batch_size": batch, "max_length": length, "attn": attn, "grad_checkpointing": ckpt,
+    return {"batch_size": batch, "max_length": length, "dtype": "bf16" if half else "fp32", "autocast": half,
+            "attn": attn, "grad_checkpointing": ckpt,
             "method": method, "lora_r": lora_r if method == "lora" else None, "lora_dropout": lora_dropout,
             "target_modules": targets if method == "lora" else None, "baseline_bytes": baseline, "step_peak_extra_bytes": extra,
             "peak_bytes": baseline + extra, "seconds": round(seconds, 1)}
@@ -147,10 +163,11 @@ def main() -> int:
                     "converted from the bundled GGUF on first use)")
     ap.add_argument("--runs", default=DEFAULT_RUNS,
                     help="comma-separated BxL[:eager][:ckpt][:drop (LoRA dropout 0.05)][:all (all-linear)]"
-                         "[:full (full fine-tuning)][:freeze (last 2 layers)] (default: %(default)s)")
+                         "[:full (full fine-tuning)][:freeze (last 2 layers)][:bf16 (bf16 weights + autocast)] (default: %(default)s)")
     ap.add_argument("--lora-r", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="write the table here as JSON")
+    ap.add_argument("--append", action="store_true", help="add the runs to those already in --out")
     args = ap.parse_args()
 
     import torch
@@ -167,7 +184,7 @@ def main() -> int:
         method = next((m for m in ("full", "freeze") if m in parts[1:]), "lora")
         dropout = 0.05 if "drop" in parts[1:] else 0.0
         targets = "all-linear" if "all" in parts[1:] else ["q_proj", "k_proj", "v_proj", "o_proj"]
-        row = measure_one(model_dir, b, l, attn, ckpt, args.lora_r, method, dropout, targets)
+        row = measure_one(model_dir, b, l, attn, ckpt, args.lora_r, method, dropout, targets, "bf16" in parts[1:])
         rows.append(row)
         print(json.dumps(row), flush=True)
         gc.collect()
@@ -177,7 +194,7 @@ def main() -> int:
         "what": "peak tensor memory (bytes) of one LoRA training step on the CPU, measured with "
                 "scripts/measure_memory.py (profiler allocation totals + live tensors at the start)",
         "model": "SmolLM2-135M-Instruct",
-        "setup": {"dtype": "fp32", "optimizer": "adamw (torch default, for-each off on the CPU)",
+        "setup": {"dtype": "fp32 unless a run says bf16 (bf16 weights, fp32 LoRA, CPU autocast)", "optimizer": "adamw (torch default, for-each off on the CPU)",
                   "padded_batch": True, "supervised_fraction": 1.0, "lora_alpha": "2 * r"},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
@@ -186,6 +203,9 @@ def main() -> int:
                                          "tie_word_embeddings") if k in cfg},
         "runs": rows,
     }
+    if args.out and args.append and os.path.exists(args.out):
+        with open(args.out) as f:
+            result["runs"] = json.load(f)["runs"] + rows
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
