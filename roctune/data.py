@@ -127,8 +127,9 @@ def parse_jsonl_line(line: bytes, path: str, lineno: int) -> dict | None:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); "
-                        "each line must be one complete JSON object") from None
+        hint = ("; a .json file must hold one JSON array of records, or one record per line"
+                if path.lower().endswith(".json") else "; each line must be one complete JSON object")
+        raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}){hint}") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -158,15 +159,28 @@ def iter_located(path: str, on_error=None, *, decode_json_cells: bool = True
         yield from _iter_parquet(path, on_error)
 
 
+_SCAN_ONCE = json.JSONDecoder().scan_once  # the C scanner behind json.loads, without its Python wrappers
+
+
+def fast_jsonl_object(line: bytes) -> dict | None:
+    """The object on a well-formed JSON Lines line, or None for anything else (blank, invalid, not an
+    object, not UTF-8, a byte-order mark): `parse_jsonl_line` then explains what is wrong."""
+    try:
+        text = line.decode("utf-8")
+        obj, end = _SCAN_ONCE(text, 0)
+    except (ValueError, StopIteration):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if obj.__class__ is not dict or (end != len(text) and not text[end:].isspace()):
+        return None
+    return obj
+
+
 def _iter_jsonl(path: str, on_error=None) -> Iterator[tuple[str, int, dict]]:
-    loads = json.loads
+    fast = fast_jsonl_object
     with open(path, "rb", buffering=_CHUNK) as f:
         for lineno, line in enumerate(f, 1):
-            try:
-                obj = loads(line)  # fast path; anything unusual goes through parse_jsonl_line for the message
-            except ValueError:
-                obj = None
-            if obj.__class__ is not dict:
+            obj = fast(line)
+            if obj is None:
                 try:
                     obj = parse_jsonl_line(line, path, lineno)
                 except DataError as e:

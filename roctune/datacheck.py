@@ -76,7 +76,7 @@ def _conversation_keys(messages: list[dict[str, str]]):
     prompt = hash((roles[:last], prompt_n))
     answer = hash((roles[last:], answer_n))
     echo = False
-    if answer_n and last > 0:
+    if answer_n and answer_n in prompt_n:  # cheap test first; most answers are not in their prompt
         lu = last - 1
         while lu >= 0 and roles[lu] != "user":
             lu -= 1

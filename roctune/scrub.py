@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from roctune.datacheck import RecordWriter, atomic_path, iter_raw_records, same_file
-from roctune.data import file_kind, parse_jsonl_line
+from roctune.data import fast_jsonl_object, file_kind, parse_jsonl_line
 from roctune.errors import ConfigError, DataError
 
 PLACEHOLDERS = {
@@ -204,14 +204,11 @@ def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
     """Bytes in, bytes out: a line is parsed (to validate it) and re-serialised only if something in it
     was redacted, so every other line is copied exactly."""
     records = changed = 0
-    loads, dumps = json.loads, json.dumps
+    dumps = json.dumps
     with open(inp, "rb", buffering=1 << 20) as f, open(tmp, "wb", buffering=1 << 20) as out:
         for lineno, line in enumerate(f, 1):
-            try:
-                obj = loads(line)
-            except ValueError:
-                obj = None
-            if obj.__class__ is not dict:
+            obj = fast_jsonl_object(line)
+            if obj is None:
                 obj = parse_jsonl_line(line, inp, lineno)  # raises with the line number, or None if blank
                 if obj is None:
                     out.write(line)

@@ -93,20 +93,26 @@ def _print_check(report: dict) -> None:
     if errs["count"]:
         con.print("[bold red]Schema errors[/] (training refuses this data until they are fixed):")
         for e in errs["first"][:20]:
-            con.print(f"  {escape(e)}")
+            con.print(f"  {escape(e)}", soft_wrap=True)
         if errs["count"] > 20:
             con.print(f"  ... and {errs['count'] - 20} more (--json lists the first {len(errs['first'])})")
     table = Table(title="Warnings", title_justify="left")
     table.add_column("check")
     table.add_column("count", justify="right")
-    table.add_column("first examples")
+    table.add_column("what it means")
+    shown = {}
     for name, f in report["warnings"].items():
         if name == "eval_overlap" and not report["eval_paths"]:
             continue
         style = "yellow" if f["count"] else "green"
-        table.add_row(f"{name.replace('_', ' ')}\n[dim]{f['what']}[/]", f"[{style}]{f['count']}[/]",
-                      escape("\n".join(f["examples"][:3])))
+        table.add_row(name.replace("_", " "), f"[{style}]{f['count']}[/]", f["what"])
+        if f["count"]:
+            shown[name] = f
     con.print(table)
+    for name, f in shown.items():
+        con.print(f"[yellow]{name.replace('_', ' ')}[/], first {len(f['examples'])}:")
+        for ex in f["examples"]:
+            con.print(f"  {escape(ex)}", soft_wrap=True)
     tok = report["tokens"]
     if tok:
         line = f"tokens per example: p50 {tok['p50']}, p95 {tok['p95']}, max {tok['max']}, mean {tok['mean']}"
