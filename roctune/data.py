@@ -468,7 +468,7 @@ def _llamafactory_record(obj: dict, src: Source, where: str) -> dict:
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Example:
     """A record read from a dataset, converted to a conversation."""
 
@@ -535,13 +535,16 @@ def detect_format(obj: dict) -> str | None:
 
 
 def _text(obj: dict, key: str, where: str, required: bool = True) -> str:
-    if key not in obj or obj[key] is None:
+    value = obj.get(key)
+    if value.__class__ is str:
+        return value
+    if value is None:
         if required:
-            raise DataError(f"{where}: missing field '{key}'")
+            raise DataError(f"{where}: missing field '{key}'; add it, or remove the record")
         return ""
-    value = obj[key]
     if not isinstance(value, str):
-        raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
+        raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}; "
+                        "write it as a JSON string")
     return value
 
 

@@ -93,7 +93,7 @@ def test_cli_summary_json_and_exit_codes(tmp_path, capsys):
     bad = jsonl(tmp_path / "b.jsonl", [qa("q", "a"), {"instruction": "q"}])
     assert main(["data", "check", bad, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["schema_errors"]["first"] == [f"{bad}:2: missing field 'output'"]
+    assert report["schema_errors"]["first"] == [f"{bad}:2: missing field 'output'; add it, or remove the record"]
 
 
 @pytest.fixture(scope="module")
