@@ -177,7 +177,8 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
     exact_rep = _repeats(exact)
     dup_examples = pairs(exact_rep, exact)
     with np.errstate(over="ignore"):
-        near = p.astype(np.uint64) * np.uint64(_MIX) + a.astype(np.uint64)
+        near = p.view(np.uint64) * np.uint64(_MIX)
+        near += a.view(np.uint64)
     near_only = _repeats(near) & ~exact_rep
     near_examples = pairs(near_only, near)
     n_dups, n_near = int(exact_rep.sum()), int(near_only.sum())
@@ -196,7 +197,7 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
         changes = np.flatnonzero((as_[1:] != as_[:-1]) & ~new_prompt) + 1  # positions in sorted order
         del as_
         if len(changes):
-            group = np.concatenate(([0], np.cumsum(new_prompt, dtype=np.int32)))
+            group = np.concatenate((np.zeros(1, dtype=np.int32), np.cumsum(new_prompt, dtype=np.int32)))
             bad_groups = np.unique(group[changes])
             n_conflicts = len(bad_groups)
             for g in bad_groups[:N_EXAMPLES]:

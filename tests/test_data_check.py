@@ -127,3 +127,31 @@ def test_token_statistics_and_truncation(tmp_path, tiny_tokenizer_dir, capsys):
     assert t["truncated"] == 2 and t["max_length"] == lengths[2]
     assert main(["data", "check", path, "--model", tiny_tokenizer_dir]) == 0
     assert "tokens per example: p50" in capsys.readouterr().out
+
+
+def test_hash_based_counts_match_a_direct_count(tmp_path):
+    import random
+
+    rng = random.Random(5)
+    rows = []
+    for i in range(3000):
+        q, a = f"Q{rng.randrange(400)}", f"A{rng.randrange(3)}"
+        if rng.random() < 0.2:
+            q = q.lower() + "?"  # a near duplicate of the plain form
+        rows.append(qa(q, a))
+    r = check_data([jsonl(tmp_path / "a.jsonl", rows)])["warnings"]
+    seen_exact, seen_near, answers = set(), set(), {}
+    n_exact = n_near = 0
+    for row in rows:
+        exact = (row["instruction"], row["output"])
+        near = (row["instruction"].lower().rstrip("?"), row["output"].lower())
+        if exact in seen_exact:
+            n_exact += 1
+        elif near in seen_near:
+            n_near += 1
+        seen_exact.add(exact)
+        seen_near.add(near)
+        answers.setdefault(near[0], set()).add(near[1])
+    assert r["duplicates"]["count"] == n_exact
+    assert r["near_duplicates"]["count"] == n_near
+    assert r["conflicts"]["count"] == sum(1 for v in answers.values() if len(v) > 1)
