@@ -412,7 +412,7 @@ class MemoryEstimate:
         t.add_column("GiB", justify="right")
         t.add_column("how it is counted", overflow="fold")
         for k, v in self.breakdown.items():
-            if v:
+            if v and not (k == "not_concurrent" and abs(v) < 0.005 * self.total_bytes):  # hide a rounding-size line
                 t.add_row(self.LABELS.get(k, k), f"{v / GiB:.2f}", self.details.get(k, ""))
         t.add_row("[bold]total[/bold]", f"[bold]{self.total_bytes / GiB:.2f}[/bold]",
                   f"{self.trainable_params:,} of {self.total_params:,} parameters trained")
@@ -534,7 +534,7 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
             details["weights"] = f"{arch.total_params:,} parameters x {s} bytes ({dtype})"
         trainable_bytes = trainable * 4
         details["trainable_params"] = f"LoRA r={lora_r} on {', '.join(sorted({l.name for l in lora_mods}))}, fp32"
-        autocast = 0
+        copies = 0
     else:
         trained_layers = N if method == "full" else min(N, max(0, int(freeze_trainable_layers)))
         trainable = trained_layers * arch.layer_params + (embed_and_head if method == "full" else 0)
@@ -546,7 +546,7 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
                                        + " weights, fp32 (trained in fp32, computed under autocast)")
         trained_linear = trained_layers * linear_layer_params + (arch.lm_head_params or arch.embedding_params
                                                                  if method == "full" else 0)
-        autocast = trained_linear * s if s != 4 else 0
+        copies = trained_linear * s if s != 4 else 0
         details["autocast_copies"] = f"{dtype} copies of trained matmul weights kept for backward"
     grads = trainable * 4
     details["gradients"] = f"{trainable:,} x 4 bytes"
@@ -638,7 +638,7 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     overhead = (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if device == "cuda" else 0
     details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
 
-    breakdown = {"weights": int(weights), "trainable_params": int(trainable_bytes), "autocast_copies": int(autocast),
+    breakdown = {"weights": int(weights), "trainable_params": int(trainable_bytes), "autocast_copies": int(copies),
                  "gradients": int(grads), "optimizer_states": int(opt_bytes), "activations": int(act),
                  "logits_loss": int(logits), "optimizer_step": int(step_ws), "not_concurrent": int(not_together),
                  "overhead": int(overhead)}
