@@ -1,0 +1,68 @@
+"""`roctune bench`: measure training throughput (tokens/s, supervised tokens/s, s/step, MFU) and peak memory
+on a fixed workload; `--baseline` runs the plain transformers Trainer + PEFT recipe on the identical examples,
+order and hyperparameters and prints the ratio; `--attn eager,sdpa,flash_attention_2` compares kernels."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="measure training speed and memory (vs the standard recipe)", description=__doc__)
+    p.add_argument("--model", help="model (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--data", help="dataset (default: a generated alpaca set averaging ~200 tokens per example)")
+    p.add_argument("--max-steps", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
+    p.add_argument("--grad-accum", type=int, default=4)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--lora-alpha", type=float, default=16)
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--target-modules", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--attn", default="sdpa", help="kernel, or a comma list for a comparison table")
+    p.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--full-logits", action="store_true", help="compute the output layer at every position (off: only where trained)")
+    p.add_argument("--no-group-by-length", action="store_true")
+    p.add_argument("--grad-checkpointing", action="store_true")
+    p.add_argument("--baseline", action="store_true", help="also run transformers Trainer + PEFT and print the ratio")
+    p.add_argument("--json", dest="json_out", default="bench.json", help="write results here (default bench.json)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from roctune.bench import Workload, main_bench
+    from roctune.env import flash_attn_available
+
+    attns = [a.strip() for a in args.attn.split(",") if a.strip()]
+    skipped = [a for a in attns if a == "flash_attention_2" and not flash_attn_available()]
+    attns = [a for a in attns if a not in skipped]
+    console = Console()
+    for a in skipped:
+        console.print(f"[yellow]skipping {a}: flash-attn is not installed[/]")
+    w = Workload(model=args.model, data=args.data, max_steps=args.max_steps, batch_size=args.batch_size,
+                 grad_accum=args.grad_accum, max_length=args.max_length, lora_r=args.lora_r,
+                 lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=args.target_modules,
+                 lr=args.lr, seed=args.seed, device=args.device, dtype=args.dtype, packing=args.packing,
+                 loss_on_supervised_only=not args.full_logits, grad_checkpointing=args.grad_checkpointing,
+                 group_by_length=not args.no_group_by_length)
+    res = main_bench(w, attns, args.baseline, args.json_out, log=lambda s: console.print(s))
+    t = Table(title=f"training throughput: {res['device']}, {res['dtype']}, batch {args.batch_size} x accum "
+                    f"{args.grad_accum}, {args.max_steps} steps")
+    for col in ("run", "tokens/s", "supervised tok/s", "s/step", "MFU", "peak memory", "final loss", "mean loss"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in res["runs"]:
+        t.add_row(r["run"], f"{r['tokens_per_s']:,.1f}", f"{r['supervised_tokens_per_s']:,.1f}",
+                  f"{r['s_per_step']:.2f}", f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_bytes'] / 2**30:.2f} GiB",
+                  f"{r['final_loss']:.4f}", f"{r['mean_loss']:.4f}")
+    console.print(t)
+    if args.baseline:
+        console.print(f"speed-up vs baseline: [bold]{res['speedup_tokens_per_s']:.2f}x[/] tokens/s; "
+                      f"mean loss differs by {100 * res['mean_loss_rel_diff']:.2f}%; "
+                      f"peak memory {100 * res['memory_ratio']:.0f}% of the baseline's")
+    if args.json_out:
+        console.print(f"results written to {args.json_out}")
+    return 0

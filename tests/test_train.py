@@ -1,0 +1,182 @@
+"""roctune train on a tiny model: outputs, speed options giving the same losses, resume, config layering and
+every bad-input case (one clear error, exit code 2, nothing written)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from roctune.cli import main
+from roctune.config import TrainConfig
+from roctune.train import train
+
+from conftest import write_jsonl
+
+
+def tiny_cfg(model_dir, data, out, **kw) -> TrainConfig:
+    base = dict(data=[data], output=str(out), model=model_dir, max_steps=3, batch_size=2, grad_accum=2,
+                max_length=64, lr=1e-2, lora_dropout=0.0, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def test_train_writes_a_complete_run(tiny_model_dir, alpaca_file, tmp_path):
+    out = tmp_path / "run"
+    summary = train(tiny_cfg(tiny_model_dir, alpaca_file, out), log=lambda s: None, progress=False)
+    names = set(os.listdir(out))
+    assert {"adapter_model.safetensors", "adapter_config.json", "run.yaml", "metrics.jsonl", "loss.png",
+            "tokenizer.json", "tokenizer_config.json"} <= names
+    assert not [n for n in names if n.startswith(".tmp")]
+    import yaml
+
+    run = yaml.safe_load(open(out / "run.yaml"))
+    assert run["base_model"] == tiny_model_dir
+    assert run["resolved"]["dtype"] == "fp32" and run["resolved"]["device"] == "cpu"
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["tokens_per_s"] > 0 and r["supervised_tokens"] > 0 for r in rows)
+    assert summary["final_loss"] == pytest.approx(rows[-1]["loss"], abs=1e-6)
+    cfg = json.load(open(out / "adapter_config.json"))
+    assert cfg["r"] == 8 and cfg["lora_alpha"] == 16 and set(cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+@pytest.mark.parametrize("options", [
+    {"packing": "off"},
+    {"loss_on_supervised_only": False},
+    {"packing": "off", "loss_on_supervised_only": False},
+    {"grad_checkpointing": True},
+])
+def test_speed_options_match_the_plain_path(tiny_model_dir, alpaca_file, tmp_path, options):
+    fast = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "fast"), log=lambda s: None,
+                        progress=False)["output"])
+    other = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "other", **options),
+                         log=lambda s: None, progress=False)["output"])
+    assert other == pytest.approx(fast, rel=1e-4, abs=1e-5)
+
+
+def test_loss_goes_down_with_eval(tiny_model_dir, alpaca_file, tmp_path):
+    cfg = tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "run", max_steps=8, eval_ratio=0.25, lora_r=16)
+    summary = train(cfg, log=lambda s: None, progress=False)
+    ls = losses(cfg.output)
+    assert ls[-1] < ls[0]
+    rows = [json.loads(line) for line in open(os.path.join(cfg.output, "metrics.jsonl"))]
+    assert "eval_loss" in rows[-1] and summary["eval_loss"] == rows[-1]["eval_loss"]
+
+
+def test_resume_continues_exactly(tiny_model_dir, alpaca_file, tmp_path):
+    straight = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "a", max_steps=4),
+                            log=lambda s: None, progress=False)["output"])
+    out = tmp_path / "b"
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2), log=lambda s: None, progress=False)
+    assert os.path.isdir(out / "checkpoint-2")
+    # pretend the run stopped after step 2: drop what came later, then resume
+    lines = open(out / "metrics.jsonl").read().splitlines()[:2]
+    open(out / "metrics.jsonl", "w").write("\n".join(lines) + "\n")
+    os.unlink(out / "adapter_model.safetensors")
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2, resume=True),
+          log=lambda s: None, progress=False)
+    assert losses(out) == pytest.approx(straight, rel=1e-5)
+    assert os.path.isfile(out / "adapter_model.safetensors")
+
+
+def test_config_file_flags_and_overrides(tmp_path, alpaca_file):
+    from roctune.cli import build_parser
+    from roctune.commands.train import config_from_args
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("lr: 0.001\nlora-r: 4\nbatch_size: 8\ntarget_modules: [q_proj, v_proj]\n")
+    args = build_parser().parse_args(["train", "--config", str(cfg_file), "--data", alpaca_file, "--output", "o",
+                                      "--lora-r", "16", "max_length=128", "epochs=2"])
+    cfg = config_from_args(args)
+    assert (cfg.lr, cfg.lora_r, cfg.batch_size, cfg.max_length, cfg.epochs) == (0.001, 16, 8, 128, 2.0)
+    assert cfg.target_modules == ["q_proj", "v_proj"]
+    assert cfg.trust_remote_code is False
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def run_cli(args, capsys):
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def assert_one_error(code, err, *needles):
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("roctune train: error:"), err
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+def test_missing_file(tmp_path, capsys, tiny_model_dir):
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", str(tmp_path / "nope.jsonl"), "--output", str(out), "--model", tiny_model_dir], capsys)
+    assert_one_error(code, err, "nope.jsonl", "no such file")
+    assert not out.exists()
+
+
+def test_invalid_json_names_the_line(tmp_path, capsys, tiny_model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n')
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", str(bad), "--output", str(out), "--model", tiny_model_dir], capsys)
+    assert_one_error(code, err, "bad.jsonl:2", "invalid JSON")
+    assert not out.exists()
+
+
+def test_record_missing_field(tmp_path, capsys, tiny_model_dir):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"instruction": "a", "output": "b"}, {"instruction": "c"}])
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", bad, "--output", str(out), "--model", tiny_model_dir], capsys)
+    assert_one_error(code, err, "bad.jsonl:2", "'output'")
+    assert not out.exists()
+
+
+def test_empty_dataset(tmp_path, capsys, tiny_model_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", str(empty), "--output", str(out), "--model", tiny_model_dir], capsys)
+    assert_one_error(code, err, "empty.jsonl", "empty")
+    assert not out.exists()
+
+
+def test_unknown_model(tmp_path, capsys, alpaca_file):
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", "no-such-org/no-such-model"], capsys)
+    assert_one_error(code, err, "no-such-org/no-such-model")
+    assert not out.exists()
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", str(tmp_path / "missing-dir")], capsys)
+    assert_one_error(code, err, "missing-dir")
+    assert not out.exists()
+
+
+def test_output_holding_another_run_is_refused(tmp_path, capsys, tiny_model_dir, alpaca_file):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.yaml").write_text("base_model: x\n")
+    (out / "adapter_model.safetensors").write_bytes(b"old")
+    before = sorted(os.listdir(out))
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir,
+                         "--max-steps", "1"], capsys)
+    assert_one_error(code, err, "already holds a previous run", "--overwrite")
+    assert sorted(os.listdir(out)) == before and (out / "adapter_model.safetensors").read_bytes() == b"old"
+    code, _ = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir,
+                       "--max-steps", "1", "--batch-size", "2", "--grad-accum", "1", "--overwrite"], capsys)
+    assert code == 0 and (out / "adapter_model.safetensors").read_bytes() != b"old"
+
+
+def test_bad_flag_values(tmp_path, capsys, tiny_model_dir, alpaca_file):
+    out = tmp_path / "out"
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--batch-size", "0"], capsys)
+    assert_one_error(code, err, "batch-size")
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "lr=fast"], capsys)
+    assert_one_error(code, err, "lr")
+    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir,
+                         "--target-modules", "c_attn"], capsys)
+    assert_one_error(code, err, "c_attn", "q_proj")
+    assert not out.exists()
