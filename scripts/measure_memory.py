@@ -27,6 +27,10 @@ example are, so the attention mask is materialised.
 
 Usage (slow: about a minute per configuration on one core):
     .venv/bin/python scripts/measure_memory.py --out tests/data/memory_measured_cpu.json
+On a GPU (NVIDIA or ROCm), the peak comes from torch.cuda.max_memory_allocated instead, AdamW is fused and
+autocast is CUDA's; tests/test_memory.py checks every tests/data/memory_measured_*.json it finds:
+    .venv/bin/python scripts/measure_memory.py --device cuda --runs 2x512:bf16,4x1024:bf16,4x1024:bf16:ckpt \
+        --out tests/data/memory_measured_gpu.json
 """
 from __future__ import annotations
 
@@ -87,14 +91,43 @@ def peak_allocated(trace_path: str) -> int:
     return peak
 
 
+def cpu_step_peak(step) -> tuple[int, float]:
+    """(largest bytes allocated during step() above what was live before it, seconds), from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        t0 = time.time()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        seconds = time.time() - t0
+        prof.export_chrome_trace(trace)
+        del prof
+        return peak_allocated(trace), seconds
+
+
+def gpu_step_peak(step) -> tuple[int, int, float]:
+    """(bytes allocated before the step, peak above that during step(), seconds) from the CUDA/HIP allocator."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.time()
+    step()
+    torch.cuda.synchronize()
+    return start, torch.cuda.max_memory_allocated() - start, time.time() - t0
+
+
 def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, lora_r: int,
                 method: str = "lora", lora_dropout: float = 0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"),
-                half: bool = False) -> dict:
+                half: bool = False, device: str = "cpu") -> dict:
     """One measured step. half: bf16 weights and torch.autocast(bf16) around forward and loss, LoRA weights in
-    fp32, which is what roctune's trainer does on a GPU (the CPU has an autocast of its own)."""
+    fp32, which is what roctune's trainer does on a GPU (the CPU has an autocast of its own).
+    device "cuda" (NVIDIA or ROCm): the peak is torch.cuda.max_memory_allocated over the step, and AdamW is
+    fused, as in roctune's trainer."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -113,21 +146,24 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
             p.requires_grad_(False)
         for p in model.model.layers[-2:].parameters():
             p.requires_grad_(True)
+    model.to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:  # trained weights in fp32, as roctune's trainer keeps them
         if p.dtype != torch.float32:
             p.data = p.data.float()
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    gpu = device != "cpu"
+    opt = torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if gpu else {}))
     import contextlib
 
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
+    amp = torch.autocast("cuda" if gpu else "cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
 
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, length))
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[-1, length - length // 4:] = 0  # one row padded: the mask is materialised, as in padded batches
     labels = ids.masked_fill(mask == 0, -100)
+    ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
 
     def step():
         with amp:
@@ -141,20 +177,17 @@ def measure_one(model_dir: str, batch: int, length: int, attn: str, ckpt: bool, 
     gc.collect()
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     baseline = live_storage_bytes(list(model.parameters()) + list(model.buffers()) + state)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "trace.json")
-        t0 = time.time()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            step()
-        seconds = time.time() - t0
-        prof.export_chrome_trace(trace)
-        del prof
-        extra = peak_allocated(trace)
+    if gpu:
+        baseline, extra, seconds = gpu_step_peak(step)
+    else:
+        extra, seconds = cpu_step_peak(step)
+    row_device = {"device": "cuda", "gpu": torch.cuda.get_device_name(0),
+                  "max_reserved_bytes": torch.cuda.max_memory_reserved()} if gpu else {}
     return {"batch_size": batch, "max_length": length, "dtype": "bf16" if half else "fp32", "autocast": half,
             "attn": attn, "grad_checkpointing": ckpt,
             "method": method, "lora_r": lora_r if method == "lora" else None, "lora_dropout": lora_dropout,
             "target_modules": targets if method == "lora" else None, "baseline_bytes": baseline, "step_peak_extra_bytes": extra,
-            "peak_bytes": baseline + extra, "seconds": round(seconds, 1)}
+            "peak_bytes": baseline + extra, "seconds": round(seconds, 1), **row_device}
 
 
 def main() -> int:
@@ -166,6 +199,9 @@ def main() -> int:
                          "[:full (full fine-tuning)][:freeze (last 2 layers)][:bf16 (bf16 weights + autocast)] (default: %(default)s)")
     ap.add_argument("--lora-r", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: measure on the GPU (NVIDIA or ROCm) with torch.cuda.max_memory_allocated; write "
+                         "to tests/data/memory_measured_<gpu>.json")
     ap.add_argument("--out", default=None, help="write the table here as JSON")
     ap.add_argument("--append", action="store_true", help="add the runs to those already in --out")
     args = ap.parse_args()
@@ -184,15 +220,19 @@ def main() -> int:
         method = next((m for m in ("full", "freeze") if m in parts[1:]), "lora")
         dropout = 0.05 if "drop" in parts[1:] else 0.0
         targets = "all-linear" if "all" in parts[1:] else ["q_proj", "k_proj", "v_proj", "o_proj"]
-        row = measure_one(model_dir, b, l, attn, ckpt, args.lora_r, method, dropout, targets, "bf16" in parts[1:])
+        row = measure_one(model_dir, b, l, attn, ckpt, args.lora_r, method, dropout, targets, "bf16" in parts[1:],
+                          args.device)
         rows.append(row)
         print(json.dumps(row), flush=True)
         gc.collect()
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     result = {
-        "what": "peak tensor memory (bytes) of one LoRA training step on the CPU, measured with "
-                "scripts/measure_memory.py (profiler allocation totals + live tensors at the start)",
+        "what": ("peak tensor memory (bytes) of one training step on the CPU, measured with "
+                 "scripts/measure_memory.py (profiler allocation totals + live tensors at the start)"
+                 if args.device == "cpu" else "peak tensor memory (bytes) of one training step on the GPU: "
+                 "torch.cuda.max_memory_allocated, measured with scripts/measure_memory.py --device cuda"),
+        "device": args.device,
         "model": "SmolLM2-135M-Instruct",
         "setup": {"dtype": "fp32 unless a run says bf16 (bf16 weights, fp32 LoRA, CPU autocast)", "optimizer": "adamw (torch default, for-each off on the CPU)",
                   "padded_batch": True, "supervised_fraction": 1.0, "lora_alpha": "2 * r"},
