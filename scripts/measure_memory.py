@@ -245,7 +245,8 @@ def main() -> int:
     }
     if args.out and args.append and os.path.exists(args.out):
         with open(args.out) as f:
-            result["runs"] = json.load(f)["runs"] + rows
+            old = json.load(f)
+        result = {**old, **result, "runs": old["runs"] + rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

@@ -349,6 +349,13 @@ def test_against_measured_cpu_peaks():
     assert abs(runs[0]["baseline_bytes"] - lora_and_adam - est.breakdown["weights"]) < 4096
 
 
+def test_qlora_weights_against_bitsandbytes():
+    # 4-bit storage measured with bitsandbytes on the CPU (see the table's "how")
+    measured = _load("memory_measured_cpu.json")["qlora_weights"]["bytes"]
+    est = estimate("SmolLM2-135M", method="qlora", dtype="bf16").breakdown["weights"]
+    assert abs(est - measured) / measured < 0.01
+
+
 GPU_TABLES = sorted(f for f in os.listdir(DATA) if f.startswith("memory_measured") and f.endswith(".json")
                     and f != "memory_measured_cpu.json")
 
