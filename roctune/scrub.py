@@ -34,7 +34,8 @@ TYPES = tuple(PLACEHOLDERS)
 # lookahead _R rejects a letter, digit or '_' right after, and a decimal part.
 _X = r"[0-9A-Za-z_.+]"
 _R = r"(?![0-9A-Za-z_]|\.[0-9])"
-_EMAIL = re.compile(r"[A-Za-z0-9](?<![A-Za-z0-9._%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_EMAIL = re.compile(r"[A-Za-z0-9](?<![A-Za-z0-9._%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*"  # local part
+                    r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"  # first domain label
                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
 _LOCAL = r"[2-9][0-9]{6,7}(?:-[0-9]{1,5})?"  # landline local number, optional extension
 # One pass finds every numeric candidate (IP addresses included); the named group says which shape
@@ -47,7 +48,8 @@ _NUMBER = re.compile(
     r"|(?P<phone>(?:(?<=\+)86|(?<=0)086|(?<=8)6)[ -]?1[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R
     + r"|(?<=1)[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R + r")"
     r"|(?P<ip>(?<=[0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}" + _R + r")"
-    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0[0-9]{2,3}\)[ -]?|0[0-9]{2,3}[- ])|(?<=\()0[0-9]{2,3}\)[ -]?|(?<=0)[0-9]{2,3}[- ])"
+    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0[0-9]{2,3}\)[ -]?|0[0-9]{2,3}[- ])"
+    r"|(?<=\()0[0-9]{2,3}\)[ -]?|(?<=0)[0-9]{2,3}[- ])"
     + _LOCAL + _R + r")"
     r")")
 _PHONE_15 = re.compile(r"00861[3-9][0-9]{9}")

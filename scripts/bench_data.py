@@ -70,7 +70,7 @@ def _record(i: int, rng: random.Random) -> dict:
             "score": round(rng.random(), 3)}
 
 
-def _line(i: int, rng: random.Random) -> str:
+def _line(i: int) -> str:
     if i % 50 == 49:  # 2% exact duplicates of a recent record
         return json.dumps(_record(i - 20, random.Random(i - 20)), ensure_ascii=False) + "\n"
     rec = _record(i, random.Random(i))
@@ -85,12 +85,11 @@ def _line(i: int, rng: random.Random) -> str:
 
 
 def generate(path: str, size_mb: int) -> int:
-    rng = random.Random(0)
     target = size_mb * 1024 * 1024
     written = n = 0
     with open(path, "w", encoding="utf-8") as f:
         while written < target:
-            lines = [_line(n + k, rng) for k in range(2000)]
+            lines = [_line(n + k) for k in range(2000)]
             n += len(lines)
             block = "".join(lines)
             f.write(block)
