@@ -313,8 +313,18 @@ class RecordWriter:
 
         if not self.pending:
             return
+        names: dict[str, None] = {}
+        for row in self.pending:
+            names.update(dict.fromkeys(row))
+        if self.schema is not None and not names.keys() <= set(self.schema.names):
+            extra = sorted(names.keys() - set(self.schema.names))
+            raise DataError(f"{self.path}: records have fields the Parquet schema lacks ({', '.join(extra)}); "
+                            "write .jsonl instead")
         try:
-            table = pa.Table.from_pylist(self.pending, schema=self.schema)
+            if self.schema is None:  # infer from every field of the first batch, not just the first row
+                table = pa.Table.from_pydict({k: [row.get(k) for row in self.pending] for k in names})
+            else:
+                table = pa.Table.from_pylist(self.pending, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise DataError(f"{self.path}: records do not share one Parquet schema ({e}); write .jsonl "
                             "instead") from None

@@ -75,3 +75,13 @@ def test_split_rejects_bad_arguments(tmp_path, capsys):
     assert main(base + ["--eval-ratio", "0.1", "--out-train", str(tmp_path / "nodir" / "a.jsonl"),
                         "--out-eval", str(tmp_path / "b.jsonl")]) == 2
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_split_to_parquet_keeps_every_field_or_refuses(tmp_path, capsys):
+    pytest.importorskip("pyarrow")
+    src = jsonl(tmp_path / "in.jsonl", [{"prompt": f"p{i}", "completion": f"c{i}", **({"extra": i} if i == 3 else {})}
+                                        for i in range(6)])
+    assert main(["data", "split", src, "--eval-ratio", "0.2", "--seed", "0", "--out-train",
+                 str(tmp_path / "t.parquet"), "--out-eval", str(tmp_path / "e.parquet")]) == 0
+    rows = [r.raw for r in load_records(str(tmp_path / "t.parquet"))]
+    assert all("extra" in r for r in rows) and {r["extra"] for r in rows} <= {3, None}
