@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from roctune import distributed
 from roctune.config import TrainConfig
 from roctune.data import Tokenized, load_records, split_eval, tokenize_records
 from roctune.errors import ConfigError, DataError, RoctuneError
@@ -217,39 +218,53 @@ def _choose(cfg: TrainConfig, base_model: str) -> Setup:
                  {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason}, packed)
 
 
-def prepare(cfg: TrainConfig):
+def prepare(cfg: TrainConfig, check_output: bool = True):
     """Validate everything that can be wrong before any file is written or model loaded.
-    Returns (records, eval_records, base_model_path)."""
+    Returns (records, eval_records, base_model_path). `check_output` is off where another process owns the
+    output directory (the other ranks of a multi-process run, the other nodes' launchers)."""
     cfg.validate()
-    records = load_records(cfg.data)
-    eval_records = load_records(cfg.eval_data) if cfg.eval_data else []
+    read = load_records
+    if cfg.stage == "dpo":
+        from roctune.dpo import load_pairs as read  # preference pairs instead of conversations
+    records = read(cfg.data)
+    eval_records = read(cfg.eval_data) if cfg.eval_data else []
+    from roctune import methods
     from roctune.models import resolve_model
 
-    base_model = resolve_model(cfg.model)
-    check_output_dir(cfg)
+    base_model = resolve_model(methods.start_model_name(cfg))
+    methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
+    if check_output:
+        check_output_dir(cfg)
     return records, eval_records, base_model
 
 
 def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True) -> dict:
     """Run one training job. Returns a summary dict (final loss, steps, tokens/s, output dir)."""
-    records, eval_records, base_model = prepare(cfg)
+    records, eval_records, base_model = prepare(cfg, check_output=distributed.env_rank() == 0)
     from roctune.doctor import preflight
 
     for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible
         if finding.level != "ok" and cfg.device != "cpu" and not finding.id.startswith("cpu"):
             log(f"warning: {finding.message}")
     setup = _choose(cfg, base_model)
+    dist = distributed.init(setup.device)  # rank 0 of 1 unless started by torchrun
+    if not dist.is_main:  # only rank 0 talks and writes
+        log, progress = (lambda *_: None), False
     log(f"device: {setup.device} ({setup.reasons['device']})")
     log(f"dtype: {setup.dtype} ({setup.reasons['dtype']})")
     log(f"attention: {setup.attn} ({setup.reasons['attn']})")
 
     import torch
 
-    from roctune.models import load_model, load_tokenizer
+    from roctune.models import load_tokenizer
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     tokenizer = load_tokenizer(base_model, cfg.trust_remote_code)
+    if cfg.stage == "dpo":
+        from roctune.dpo import train_dpo
+
+        return train_dpo(cfg, setup, base_model, tokenizer, records, eval_records, log, progress)
     train_ex, dropped = tokenize_records(tokenizer, records, cfg.max_length)
     eval_ex, _ = tokenize_records(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
     if dropped:
@@ -261,8 +276,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool =
         train_ex, eval_ex = split_eval(train_ex, cfg.eval_ratio, cfg.seed)
 
     _warn_memory(cfg, base_model, setup, log)
-    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code)
-    model = attach_lora(model, cfg)
+    from roctune.methods import build_model, warn_full_memory
+
+    warn_full_memory(cfg, base_model, setup, log)
+    model = build_model(cfg, setup, base_model, log)  # lora, qlora (4-bit base), freeze or full
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -270,28 +287,22 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool =
     n_all = sum(p.numel() for p in model.parameters())
     log(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
 
-    os.makedirs(cfg.output, exist_ok=True)
-    if cfg.overwrite and not cfg.resume:
-        for name in os.listdir(cfg.output):
-            p = os.path.join(cfg.output, name)
-            shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
-    return run_loop(cfg, setup, model, tokenizer, train_ex, eval_ex, log, progress)
+    if dist.is_main:
+        os.makedirs(cfg.output, exist_ok=True)
+        if cfg.overwrite and not cfg.resume:
+            for name in os.listdir(cfg.output):
+                p = os.path.join(cfg.output, name)
+                shutil.rmtree(p) if os.path.isdir(p) else os.unlink(p)
+    result = run_loop(cfg, setup, model, tokenizer, train_ex, eval_ex, log, progress, dist)
+    distributed.shutdown(dist)
+    return result
 
 
 def attach_lora(model, cfg: TrainConfig):
-    from peft import LoraConfig, get_peft_model
+    """A LoRA adapter on `model` as cfg asks (roctune.methods builds the model for every method)."""
+    from roctune.methods import attach_lora as attach
 
-    targets = cfg.target_modules
-    target = "all-linear" if targets == ["all-linear"] else targets
-    missing = [] if target == "all-linear" else [
-        t for t in targets if not any(name.split(".")[-1] == t for name, _ in model.named_modules())]
-    if missing:
-        names = sorted({n.split(".")[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
-        raise ConfigError(f"--target-modules: {', '.join(missing)} not found in this model; its linear "
-                          f"layers are: {', '.join(names)} (or use all-linear)")
-    lora = LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                      lora_dropout=cfg.lora_dropout, target_modules=target)
-    return get_peft_model(model, lora)
+    return attach(model, cfg)
 
 
 def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log) -> None:
@@ -305,7 +316,8 @@ def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log) -> None:
 
         est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
                        lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
-                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn)
+                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
+                       freeze_trainable_layers=abs(cfg.freeze_trainable_layers))
         free, total = torch.cuda.mem_get_info()
         if not est.fits(total):
             log(f"warning: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds this GPU's "
@@ -315,34 +327,40 @@ def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log) -> None:
         return
 
 
-def _plan(cfg: TrainConfig, train_ex: list[Tokenized]):
+def _plan(cfg: TrainConfig, train_ex: list[Tokenized], world_size: int = 1):
+    """The micro-batches (example indices) of every optimizer step: grad_accum x world_size of them, so the
+    plan of N processes with accumulation A is the plan of one process with accumulation N x A."""
+    accum = cfg.grad_accum * world_size
     lengths = [len(e.input_ids) for e in train_ex]
     micro_per_epoch = math.ceil(len(train_ex) / cfg.batch_size)
-    steps_per_epoch = max(1, math.ceil(micro_per_epoch / cfg.grad_accum))
+    steps_per_epoch = max(1, math.ceil(micro_per_epoch / accum))
     total = cfg.max_steps if cfg.max_steps > 0 else max(1, math.ceil(cfg.epochs * steps_per_epoch))
     micro: list[list[int]] = []
     epoch = 0
-    while len(micro) < total * cfg.grad_accum:
+    while len(micro) < total * accum:
         epoch_batches = plan_batches(lengths, cfg.batch_size, cfg.seed, epoch, cfg.group_by_length)
-        # every optimizer step takes grad_accum micro-batches from one epoch; a short tail joins the next step
+        # every optimizer step takes `accum` micro-batches from one epoch; a short tail joins the next step
         micro += epoch_batches
         epoch += 1
-    steps = [micro[s * cfg.grad_accum:(s + 1) * cfg.grad_accum] for s in range(total)]
+    steps = [micro[s * accum:(s + 1) * accum] for s in range(total)]
     return steps, steps_per_epoch
 
 
-def evaluate(model, examples: list[Tokenized], setup: Setup, pad_id: int, batch_size: int, supervised_only: bool) -> float:
+def evaluate(model, examples: list[Tokenized], setup: Setup, pad_id: int, batch_size: int, supervised_only: bool,
+             dist: distributed.Context = distributed.SINGLE) -> float:
+    """Mean token loss over `examples`; with several processes each takes every world_size-th batch."""
     import torch
 
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
-        for s in range(0, len(examples), batch_size):
+        for s in range(dist.rank * batch_size, len(examples), batch_size * dist.world_size):
             chunk = examples[s:s + batch_size]
             b = collate(chunk, pad_id, setup.packed, setup.device)
             total += float(batch_loss_sum(model, b, supervised_only))
             count += b.n_supervised
     model.train()
+    total, count = distributed.sum_numbers(dist, [total, count], setup.device)
     return total / max(1, count)
 
 
@@ -358,16 +376,44 @@ def _autocast(setup: Setup):
     return contextlib.nullcontext()
 
 
-def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex, log, progress) -> dict:
+def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex, log, progress,
+             dist: distributed.Context = distributed.SINGLE) -> dict:
+    """Train, log, checkpoint and save. With several processes (`dist.world_size` > 1, see roctune.distributed):
+
+    - The plan is the one-process plan with grad_accum x world_size micro-batches per optimizer step, and
+      rank r computes micro-batches r, r + world_size, ... of each step.
+    - Every micro-batch loss is divided by the supervised-token count of the whole step (all ranks; every
+      rank knows the plan), so the sum of the ranks' gradients is exactly the gradient one process gets with
+      grad_accum x world_size accumulation. The trainable parameters' gradients are summed with one flat
+      all-reduce after the last micro-batch; every rank then takes the same clipped optimizer step and the
+      weights stay identical. N processes with batch B and accumulation A follow the loss curve of one
+      process with batch B and accumulation N x A.
+    - We sum by hand instead of wrapping the model in DDP: the loss calls the decoder directly (the output
+      layer runs only at supervised positions), which DDP's forward would not see, and an adapter's
+      gradients are small enough that one all-reduce per step costs less than DDP's overlap would save.
+    - With --fsdp the model is sharded instead (`distributed.shard_model`): FSDP reduce-scatters the
+      gradients itself, and the loss takes the model's own forward.
+    - Only rank 0 writes run.yaml, metrics.jsonl, checkpoints and the final adapter; the others wait.
+    """
     import torch
 
-    steps, steps_per_epoch = _plan(cfg, train_ex)
+    steps, steps_per_epoch = _plan(cfg, train_ex, dist.world_size)
     total = len(steps)
-    params = [p for p in model.parameters() if p.requires_grad]
     # LoRA weights train in fp32 even when the base model is bf16/fp16 (stable updates, tiny cost).
-    for p in params:
-        if p.dtype != torch.float32:
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()
+    checkpoint = read_checkpoint(cfg.output, dist) if cfg.resume else None
+    if checkpoint:  # weights go in before sharding; every rank got the same checkpoint from rank 0
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, checkpoint["weights"])
+    sharded = cfg.fsdp and dist.enabled
+    if sharded:
+        model = distributed.shard_model(model)
+    elif dist.enabled:
+        distributed.broadcast_params(dist, [p for p in model.parameters() if p.requires_grad])
+    params = [p for p in model.parameters() if p.requires_grad]
     opt_kwargs = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if setup.device == "cuda":
         opt_kwargs["fused"] = True
@@ -376,22 +422,33 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
     optimizer = torch.optim.AdamW(params, **opt_kwargs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, total, cfg))
     pad_id = tokenizer.pad_token_id
-    supervised_only = cfg.loss_on_supervised_only and supports_hidden_state_loss(model)
+    supervised_only = cfg.loss_on_supervised_only and supports_hidden_state_loss(model) and not sharded
+    eval_dist = distributed.SINGLE if sharded else dist  # FSDP needs the same forward passes on every rank
+    if dist.enabled:
+        # every rank knows the whole step, so each can count its supervised tokens without communicating
+        n_sup_of = [sum(1 for x in e.labels[1:] if x != -100) for e in train_ex]
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks, as between micro-batches
 
     start_step = 0
     metrics_path = os.path.join(cfg.output, METRICS_FILE)
-    if cfg.resume:
-        start_step = load_checkpoint(cfg.output, model, optimizer, scheduler)
+    if checkpoint:
+        start_step = restore_training_state(checkpoint, model, optimizer, scheduler, dist)
         log(f"resumed from step {start_step}")
-        _truncate_metrics(metrics_path, start_step)
-    elif os.path.exists(metrics_path):
+        if dist.is_main:
+            _truncate_metrics(metrics_path, start_step)
+    elif dist.is_main and os.path.exists(metrics_path):
         os.unlink(metrics_path)
-    write_run_yaml(cfg, setup, len(train_ex), len(eval_ex), total)
+    if dist.is_main:
+        write_run_yaml(cfg, setup, len(train_ex), len(eval_ex), total, dist.world_size)
 
-    eff = cfg.batch_size * cfg.grad_accum
+    eff = cfg.batch_size * cfg.grad_accum * dist.world_size
+    procs = f" x {dist.world_size} processes" if dist.enabled else ""
     log(f"examples: {len(train_ex)} train, {len(eval_ex)} eval; {total} optimizer steps of {eff} examples "
-        f"({cfg.batch_size} per micro-batch x {cfg.grad_accum} accumulation); "
+        f"({cfg.batch_size} per micro-batch x {cfg.grad_accum} accumulation{procs}); "
         f"{'packed (padding-free)' if setup.packed else 'padded'} batches")
+    if dist.enabled:
+        log(f"processes: {dist.world_size} ({dist.backend}; "
+            f"{'FSDP: sharded model' if sharded else 'a full model copy in each, gradients summed'})")
 
     model.train()
     bar = _Progress(total, start_step, enabled=progress)
@@ -402,22 +459,33 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
     try:
         for step in range(start_step, total):
             t0 = time.perf_counter()
-            micro = [[train_ex[i] for i in mb] for mb in steps[step]]
+            mine = steps[step][dist.rank::dist.world_size] if dist.enabled else steps[step]
+            micro = [[train_ex[i] for i in mb] for mb in mine]
             batches = [collate(mb, pad_id, setup.packed, setup.device) for mb in micro]
-            n_sup = sum(b.n_supervised for b in batches)
+            if dist.enabled:
+                n_sup = sum(n_sup_of[i] for mb in steps[step] for i in mb)
+            else:
+                n_sup = sum(b.n_supervised for b in batches)
             step_loss = 0.0
             for b in batches:
                 with _autocast(setup):
                     loss = batch_loss_sum(model, b, supervised_only) / max(1, n_sup)
+                if sharded:  # FSDP averages gradients over ranks; we want their sum
+                    loss = loss * dist.world_size
                 loss.backward()
-                step_loss += float(loss.detach())
+                step_loss += float(loss.detach()) / (dist.world_size if sharded else 1)
+            n_tok = sum(b.n_tokens for b in batches)
+            if dist.enabled:
+                if not sharded:
+                    distributed.sum_gradients(dist, params)
+                step_loss, n_tok = distributed.sum_numbers(dist, [step_loss, n_tok], setup.device)
+                n_tok = int(n_tok)
             if cfg.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            n_tok = sum(b.n_tokens for b in batches)
             tokens_done += n_tok
             dt = time.perf_counter() - t0
             losses.append(step_loss)
@@ -427,13 +495,14 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
                     "tokens": n_tok, "supervised_tokens": n_sup}
             is_last = done == total
             if eval_ex and ((cfg.eval_steps and done % cfg.eval_steps == 0) or is_last):
-                last["eval_loss"] = round(evaluate(model, eval_ex, setup, pad_id, cfg.batch_size, supervised_only), 6)
-            if done % cfg.logging_steps == 0 or is_last or "eval_loss" in last:
+                last["eval_loss"] = round(evaluate(model, eval_ex, setup, pad_id, cfg.batch_size, supervised_only,
+                                                   eval_dist), 6)
+            if dist.is_main and (done % cfg.logging_steps == 0 or is_last or "eval_loss" in last):
                 with open(metrics_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(last) + "\n")
             bar.update(done, step_loss, tokens_done / (time.perf_counter() - t_start), log)
             if cfg.save_steps and done % cfg.save_steps == 0 and not is_last:
-                save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, done)
+                save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, done, dist)
     finally:
         bar.close()
     elapsed = time.perf_counter() - t_start
@@ -441,13 +510,14 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
              "mean_loss": sum(losses) / len(losses) if losses else None,
              "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
              "output": cfg.output, **({"eval_loss": last["eval_loss"]} if "eval_loss" in last else {})}
-    finish(cfg, model, tokenizer)
+    finish(cfg, model, tokenizer, dist)
     log(f"done: {total} steps in {elapsed:.0f}s, final loss {final['final_loss']:.4f}; adapter saved to {cfg.output}")
     return final
 
 
 # ------------------------------------------------------------------------------------ saving and resume
-def write_run_yaml(cfg: TrainConfig, setup: Setup, n_train: int, n_eval: int, total_steps: int) -> None:
+def write_run_yaml(cfg: TrainConfig, setup: Setup, n_train: int, n_eval: int, total_steps: int,
+                   world_size: int = 1) -> None:
     import yaml
 
     import roctune
@@ -459,7 +529,7 @@ def write_run_yaml(cfg: TrainConfig, setup: Setup, n_train: int, n_eval: int, to
         "base_model": setup.base_model,
         "config": resolved,
         "resolved": {"device": setup.device, "dtype": setup.dtype, "attn": setup.attn,
-                     "packed": setup.packed, "reasons": setup.reasons},
+                     "packed": setup.packed, "reasons": setup.reasons, "processes": world_size},
         "data": {"train_examples": n_train, "eval_examples": n_eval, "total_steps": total_steps},
     }
     atomic_write_text(os.path.join(cfg.output, RUN_FILE), yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
@@ -479,27 +549,35 @@ def read_run_yaml(run_dir: str) -> dict:
         return yaml.safe_load(f)
 
 
-def save_checkpoint(cfg: TrainConfig, model, tokenizer, optimizer, scheduler, step: int) -> None:
+def save_checkpoint(cfg: TrainConfig, model, tokenizer, optimizer, scheduler, step: int,
+                    dist: distributed.Context = distributed.SINGLE) -> None:
+    """Rank 0 writes the checkpoint (adapter, optimizer, scheduler, every rank's RNG state); the others only
+    take part in gathering what rank 0 needs, then wait for it to finish."""
     import torch
 
-    target = os.path.join(cfg.output, f"{CHECKPOINT_PREFIX}{step}")
-    # Write the whole checkpoint into a temp dir (adapter + optimizer + state), then rename it into place.
-    tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=cfg.output)
-    try:
-        model.save_pretrained(tmp)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                   os.path.join(tmp, "optimizer.pt"))
-        torch.save({"torch_rng": torch.get_rng_state()}, os.path.join(tmp, "rng.pt"))
-        with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
-            json.dump({"step": step}, f)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    ckpts = sorted(list_checkpoints(cfg.output))
-    for old_step in ckpts[:-cfg.save_total_limit] if cfg.save_total_limit > 0 else []:
-        shutil.rmtree(os.path.join(cfg.output, f"{CHECKPOINT_PREFIX}{old_step}"), ignore_errors=True)
+    rng_states = distributed.gather_objects(dist, torch.get_rng_state())
+    weights = distributed.full_trainable_state(model)  # None unless sharded: save_pretrained reads the model
+    optim_state = distributed.full_optimizer_state(model, optimizer)
+    if dist.is_main:
+        target = os.path.join(cfg.output, f"{CHECKPOINT_PREFIX}{step}")
+        # Write the whole checkpoint into a temp dir (adapter + optimizer + state), then rename it into place.
+        tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=cfg.output)
+        try:
+            model.save_pretrained(tmp, **({"state_dict": weights} if weights is not None else {}))
+            torch.save({"optimizer": optim_state, "scheduler": scheduler.state_dict()},
+                       os.path.join(tmp, "optimizer.pt"))
+            torch.save({"torch_rng": rng_states[0], "torch_rng_per_rank": rng_states}, os.path.join(tmp, "rng.pt"))
+            with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as f:
+                json.dump({"step": step, "processes": dist.world_size}, f)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        ckpts = sorted(list_checkpoints(cfg.output))
+        for old_step in ckpts[:-cfg.save_total_limit] if cfg.save_total_limit > 0 else []:
+            shutil.rmtree(os.path.join(cfg.output, f"{CHECKPOINT_PREFIX}{old_step}"), ignore_errors=True)
+    distributed.barrier(dist)
 
 
 def list_checkpoints(run_dir: str) -> list[int]:
@@ -511,23 +589,45 @@ def list_checkpoints(run_dir: str) -> list[int]:
     return sorted(out)
 
 
-def load_checkpoint(run_dir: str, model, optimizer, scheduler) -> int:
+def read_checkpoint(run_dir: str, dist: distributed.Context = distributed.SINGLE) -> dict:
+    """The last checkpoint of `run_dir` as {step, weights, optimizer, scheduler, rng}. Rank 0 reads it and
+    sends it to the others, so the other nodes of a multi-node run need no copy of the run directory."""
     import torch
-    from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
+    blob = None
+    if dist.is_main:
+        ckpts = list_checkpoints(run_dir)
+        if ckpts:
+            path = os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{ckpts[-1]}")
+            blob = {"step": ckpts[-1], "weights": load_file(os.path.join(path, "adapter_model.safetensors")),
+                    **torch.load(os.path.join(path, "optimizer.pt"), weights_only=False),
+                    "rng": torch.load(os.path.join(path, "rng.pt"), weights_only=False)}
+    blob = distributed.broadcast_object(dist, blob)
+    if blob is None:
         raise ConfigError(f"--resume: {run_dir} has no checkpoint (train with --save-steps N to write them)")
-    path = os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{ckpts[-1]}")
-    weights = load_file(os.path.join(path, "adapter_model.safetensors"))
-    set_peft_model_state_dict(model, weights)
-    blob = torch.load(os.path.join(path, "optimizer.pt"), weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    return blob
+
+
+def restore_training_state(blob: dict, model, optimizer, scheduler, dist: distributed.Context = distributed.SINGLE) -> int:
+    """Optimizer, scheduler and RNG state from `read_checkpoint`; returns the step to continue from.
+    Each rank takes back its own RNG state when the number of processes is unchanged."""
+    import torch
+
+    distributed.load_optimizer_state(model, optimizer, blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
-    rng = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
-    torch.set_rng_state(rng["torch_rng"])
-    return ckpts[-1]
+    per_rank = blob["rng"].get("torch_rng_per_rank") or [blob["rng"]["torch_rng"]]
+    torch.set_rng_state(per_rank[dist.rank] if len(per_rank) == dist.world_size else per_rank[0])
+    return blob["step"]
+
+
+def load_checkpoint(run_dir: str, model, optimizer, scheduler) -> int:
+    """One-process resume: weights, optimizer, scheduler and RNG of the last checkpoint; returns its step."""
+    from peft import set_peft_model_state_dict
+
+    blob = read_checkpoint(run_dir)
+    set_peft_model_state_dict(model, blob["weights"])
+    return restore_training_state(blob, model, optimizer, scheduler)
 
 
 def _truncate_metrics(path: str, step: int) -> None:
@@ -538,16 +638,20 @@ def _truncate_metrics(path: str, step: int) -> None:
     atomic_write_text(path, "".join(keep))
 
 
-def finish(cfg: TrainConfig, model, tokenizer) -> None:
-    """Save the final adapter + tokenizer into the run dir (atomically, file by file) and draw loss.png."""
-    tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        move_into(tmp, cfg.output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    plot_loss(os.path.join(cfg.output, METRICS_FILE), os.path.join(cfg.output, "loss.png"))
+def finish(cfg: TrainConfig, model, tokenizer, dist: distributed.Context = distributed.SINGLE) -> None:
+    """Save the final adapter + tokenizer into the run dir (atomically, file by file) and draw loss.png.
+    With several processes rank 0 writes while the others wait."""
+    weights = distributed.full_trainable_state(model)
+    if dist.is_main:
+        tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
+        try:
+            model.save_pretrained(tmp, **({"state_dict": weights} if weights is not None else {}))
+            tokenizer.save_pretrained(tmp)
+            move_into(tmp, cfg.output)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        plot_loss(os.path.join(cfg.output, METRICS_FILE), os.path.join(cfg.output, "loss.png"))
+    distributed.barrier(dist)
 
 
 def plot_loss(metrics_path: str, png_path: str) -> None:
