@@ -24,9 +24,13 @@ Activation model (Hugging Face decoder layer, RMSNorm, gated MLP): the norm save
 linear layer saves its input only when its weight is trained or it carries a LoRA adapter (peft gives each
 adapter its own fp32/cast copy of the input in half precision, and dropout adds its own output and mask);
 attention saves q, k, v (k/v repeated to all heads when a padding mask stops SDPA's native GQA), its
-output and log-sum-exp; eager attention saves the fp32 softmax over length x length; the gated MLP saves
-gate, act(gate) and up. On the CPU the formula is within a few percent of measured peaks
-(tests/data/memory_measured_cpu.json, measured by scripts/measure_memory.py).
+output (which is also o_proj's input) and log-sum-exp, and SDPA keeps the mask, converted to a float tensor,
+in every layer; eager attention saves the fp32 softmax over length x length; the gated MLP saves gate,
+act(gate) and up. The peak is the largest of three phases: start of backward (activations + loss),
+recomputing a checkpointed layer, optimizer step (gradients + temporaries); gradients of earlier
+micro-batches add to all of them when grad_accum > 1. On the CPU this matches measured peaks of 21 runs
+(fp32 and bf16+autocast; LoRA, full, freeze) within 0.3% (tests/data/memory_measured_cpu.json, measured
+by scripts/measure_memory.py). Not yet checked against a GPU.
 """
 from __future__ import annotations
 
@@ -140,7 +144,8 @@ def _config_from_gguf(path: str) -> dict | None:
     if not arch:
         return None
     pre = f"{arch}."
-    tokens = field_value("tokenizer.ggml.tokens")
+    tok_field = r.fields.get("tokenizer.ggml.tokens")
+    tokens = len(tok_field.data) if tok_field is not None else 0  # count without decoding every token
     names = {t.name for t in r.tensors}
     heads = field_value(pre + "attention.head_count")
     d = {"model_type": {"qwen2": "qwen2", "llama": "llama"}.get(arch, arch),
@@ -149,7 +154,7 @@ def _config_from_gguf(path: str) -> dict | None:
          "num_attention_heads": heads,
          "num_key_value_heads": field_value(pre + "attention.head_count_kv") or heads,
          "intermediate_size": field_value(pre + "feed_forward_length"),
-         "vocab_size": len(tokens) if tokens else field_value(pre + "vocab_size"),
+         "vocab_size": tokens or field_value(pre + "vocab_size"),
          "tie_word_embeddings": "output.weight" not in names,
          "max_position_embeddings": field_value(pre + "context_length")}
     if any(d[k] is None for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",

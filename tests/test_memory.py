@@ -202,6 +202,7 @@ def test_config_sources(tmp_path):
         load_config(str(tmp_path / "empty"))
 
 
+@pytest.mark.slow
 def test_bundled_gguf_header_gives_smollm2():
     import importlib.util
 
