@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.roctune-setup
 
-.PHONY: setup demo test test-fast clean-venv
+.PHONY: setup demo test test-fast clean-venv browser
 
 setup: $(STAMP)
 
@@ -38,7 +38,13 @@ demo: setup
 	  --epochs 3 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 256 --batch-size 4 --grad-accum 1
 	$(VENV)/bin/roctune generate --adapter runs/demo --compare --input examples/identity_prompts.jsonl --max-new-tokens 48
 
-test: setup
+# Debian's chromium for the web UI's browser test (Playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
+	  else echo "browser: chromium is missing; install it as root: apt-get update && apt-get install -y chromium" >&2; exit 1; fi; }
+
+test: setup browser
 	$(PY) -m pytest -q tests
 
 test-fast: setup
