@@ -20,11 +20,18 @@ class Loaded:
 
 def load_for_inference(adapter: str | None = None, model: str | None = None, device: str = "auto",
                        dtype: str = "auto", trust_remote_code: bool = False) -> Loaded:
-    """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top."""
+    """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top.
+    The run directory of a freeze/full training holds a whole model: it is loaded as the model itself."""
     from roctune.env import choose_attention, choose_device, choose_dtype
     from roctune.models import load_model, load_tokenizer, resolve_model
 
     base_name = model
+    if adapter is not None and model is None:
+        from roctune.methods import is_full_model_dir
+
+        if os.path.isdir(adapter) and is_full_model_dir(adapter):
+            # a freeze/full run saved the whole model: load it directly, with no adapter on top
+            base_name, adapter = adapter, None
     if adapter is not None:
         if not os.path.isdir(adapter):
             raise RoctuneError(f"--adapter {adapter}: no such directory")

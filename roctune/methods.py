@@ -1,0 +1,358 @@
+"""Training methods: build the trainable model for `--method lora|qlora|freeze|full`.
+
+- lora: a PEFT LoRA adapter on the base model (with DoRA, rsLoRA, all-linear targets and modules_to_save
+  when asked); `--adapter DIR` continues from an existing adapter instead of a fresh one.
+- qlora: the same adapter on a base model whose linear weights are stored in 4-bit NF4 (bitsandbytes,
+  double quantization); they are dequantized on the fly into the training compute dtype.
+- freeze: the base model with everything frozen except the chosen decoder blocks (and named modules).
+- full: every parameter trains.
+
+Every check that can fail on bad input (`check`) runs before the model is loaded or a file written: it
+builds the model skeleton on the meta device (no weights) to validate module names and layer counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from roctune.errors import ConfigError, EnvironmentProblem
+
+METHODS = ("lora", "qlora", "freeze", "full")
+ADAPTER_METHODS = ("lora", "qlora")
+
+
+# ------------------------------------------------------------------------------------------ bitsandbytes
+def bitsandbytes_problem(device: str) -> str | None:
+    """None when bitsandbytes can quantize to 4 bits on `device` ("cuda" also means ROCm, or "cpu");
+    otherwise what is wrong and what to install. It tries a real 4-bit quantization of a small tensor, so a
+    wheel without a binary for this backend (or this GPU) is caught here rather than halfway into loading."""
+    from roctune.env import torch_backend
+
+    backend = "cpu" if device == "cpu" else torch_backend()
+    label = {"rocm": "ROCm", "cuda": "CUDA", "cpu": "the CPU"}[backend]
+    install = {
+        "cpu": "pip install -U 'bitsandbytes>=0.48' (its wheels include a CPU build)",
+        "cuda": "pip install -U bitsandbytes (its wheels include CUDA builds)",
+        "rocm": "pip install -U bitsandbytes (recent wheels include ROCm builds; for an older ROCm, build "
+                "bitsandbytes from source with -DCOMPUTE_BACKEND=hip)",
+    }[backend]
+    try:
+        import bitsandbytes  # noqa: F401
+        import bitsandbytes.functional as bnbf
+    except ImportError:
+        return f"--method qlora needs bitsandbytes, which is not installed: {install}; or use --method lora"
+    except Exception as e:  # a broken install raises all sorts of things on import
+        return (f"--method qlora: bitsandbytes fails to import on {label} ({type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); reinstall it: {install}; "
+                "or use --method lora")
+    try:
+        import torch
+
+        dev = "cpu" if device == "cpu" else f"cuda:{torch.cuda.current_device()}"
+        probe = torch.randn(64, 64, device=dev)
+        packed, state = bnbf.quantize_4bit(probe, quant_type="nf4", compress_statistics=True)
+        back = bnbf.dequantize_4bit(packed, state)
+        if back.shape != probe.shape or not torch.isfinite(back).all():
+            raise RuntimeError("4-bit round trip gave wrong values")
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"--method qlora: this bitsandbytes ({getattr(bitsandbytes, '__version__', '?')}) has no working "
+                f"4-bit build for {label} ({first[:200]}); {install}; or use --method lora")
+    return None
+
+
+# ------------------------------------------------------------------------------------ checks before load
+def adapter_base(adapter: str) -> str | None:
+    """The base model an adapter directory was trained on (run.yaml first, then adapter_config.json)."""
+    from roctune.train import read_run_yaml
+
+    try:
+        return read_run_yaml(adapter).get("base_model")
+    except Exception:
+        return None
+
+
+def start_model_name(cfg) -> str | None:
+    """The model to load: --model, else the base model of --adapter, else the bundled default."""
+    if cfg.model:
+        return cfg.model
+    if cfg.adapter and os.path.isdir(cfg.adapter):
+        return adapter_base(cfg.adapter)
+    return None
+
+
+def _meta_model(base_model: str, trust_remote_code: bool):
+    """The model's module tree without weights (meta device): cheap, for checking names before loading."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base_model, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def decoder_layers(model):
+    """(prefix, ModuleList) of the model's repeated decoder blocks."""
+    import torch
+
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
+            if best is None or len(mod) > len(best[1]):
+                best = (name, mod)
+    if best is None:
+        raise ConfigError("--method freeze: this model has no list of decoder layers to choose from; "
+                          "use --method lora or full")
+    return best
+
+
+def chosen_layers(n_layers: int, n: int) -> list[int]:
+    """Indices of trained blocks: N > 0 the last N, N < 0 the first |N| (as LLaMA-Factory counts)."""
+    if n > 0:
+        return list(range(max(0, n_layers - n), n_layers))
+    if n < 0:
+        return list(range(0, min(n_layers, -n)))
+    return []
+
+
+def _leaf_names(model) -> set[str]:
+    return {name.split(".")[-1] for name, _ in model.named_modules() if name}
+
+
+def _linear_names(model) -> list[str]:
+    return sorted({n.split(".")[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
+
+
+def check(cfg, base_model: str) -> None:
+    """Raise ConfigError/EnvironmentProblem for anything about the method that is wrong, before loading."""
+    if cfg.adapter:
+        if cfg.method not in ADAPTER_METHODS:
+            raise ConfigError(f"--adapter starts from a LoRA adapter, which --method {cfg.method} cannot train; "
+                              "merge it first (roctune merge) and pass the merged model as --model")
+        if not os.path.isfile(os.path.join(cfg.adapter, "adapter_config.json")):
+            raise ConfigError(f"--adapter {cfg.adapter}: no adapter_config.json there; give the run directory "
+                              "of a finished LoRA training")
+    if cfg.method == "qlora":
+        from roctune.env import choose_device
+
+        problem = bitsandbytes_problem(choose_device(cfg.device).value)
+        if problem:
+            raise EnvironmentProblem(problem)
+    try:
+        meta = _meta_model(base_model, cfg.trust_remote_code)
+    except Exception:
+        return  # load_model reports an unloadable model with its own message
+    leaves = _leaf_names(meta)
+    if cfg.method in ADAPTER_METHODS and not cfg.adapter:
+        targets = cfg.target_modules
+        if targets != ["all-linear"]:
+            missing = [t for t in targets if t not in leaves]
+            if missing:
+                raise ConfigError(f"--target-modules: {', '.join(missing)} not found in this model; its linear "
+                                  f"layers are: {', '.join(_linear_names(meta))} (or use all-linear)")
+    if cfg.modules_to_save:
+        if cfg.method not in ADAPTER_METHODS:
+            raise ConfigError(f"--modules-to-save is for LoRA methods; with --method {cfg.method} name modules "
+                              "with --freeze-extra-modules")
+        missing = [t for t in cfg.modules_to_save if t not in leaves]
+        if missing:
+            raise ConfigError(f"--modules-to-save: {', '.join(missing)} not found in this model "
+                              "(e.g. lm_head, embed_tokens)")
+    if cfg.method == "freeze":
+        prefix, layers = decoder_layers(meta)
+        n = len(layers)
+        if abs(cfg.freeze_trainable_layers) > n:
+            raise ConfigError(f"--freeze-trainable-layers {cfg.freeze_trainable_layers}: this model has only "
+                              f"{n} layers (use 1..{n} for the last N, -1..-{n} for the first N)")
+        inner = _leaf_names(layers[0])
+        bad = [t for t in cfg.freeze_trainable_modules if t != "all" and t not in inner]
+        if bad:
+            raise ConfigError(f"--freeze-trainable-modules: {', '.join(bad)} not found in a decoder layer; "
+                              f"its modules are: {', '.join(sorted(inner))} (or all)")
+        outside = {name.split(".")[-1] for name, _ in meta.named_modules()
+                   if name and not name.startswith(prefix + ".") and name != prefix}
+        bad = [t for t in cfg.freeze_extra_modules if t not in outside]
+        if bad:
+            raise ConfigError(f"--freeze-extra-modules: {', '.join(bad)} not found outside the decoder layers; "
+                              f"choose from: {', '.join(sorted(outside))}")
+        if cfg.freeze_trainable_layers == 0 and not cfg.freeze_extra_modules:
+            raise ConfigError("--freeze-trainable-layers 0 trains nothing; give N > 0 (last N layers), N < 0 "
+                              "(first N) or name modules with --freeze-extra-modules")
+
+
+# ----------------------------------------------------------------------------------------- build models
+def qlora_config(dtype: str):
+    from transformers import BitsAndBytesConfig
+
+    from roctune.env import torch_dtype
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch_dtype(dtype), bnb_4bit_quant_storage="uint8")
+
+
+def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False):
+    """Load a causal LM with 4-bit NF4 linear weights (double quantization) computing in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roctune.env import torch_dtype
+
+    where = "cpu" if device == "cpu" else torch.cuda.current_device()
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
+        quantization_config=qlora_config(dtype), device_map={"": where})
+    if device == "cpu":
+        # bitsandbytes repacks 4-bit weights on the first no-grad forward on CPUs with AVX512-BF16, for a
+        # kernel that comes from the separate `kernels` package; without that package the repacked path
+        # gives wrong outputs (measured: logits off by ~40), and the repacked weights no longer dequantize.
+        # The plain dequantize-then-matmul path is exact, so keep every layer on it.
+        for module in model.modules():
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    return model
+
+
+def lora_config(cfg):
+    from peft import LoraConfig
+
+    target = "all-linear" if cfg.target_modules == ["all-linear"] else list(cfg.target_modules)
+    return LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                      lora_dropout=cfg.lora_dropout, target_modules=target, use_dora=cfg.use_dora,
+                      use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None)
+
+
+def attach_lora(model, cfg):
+    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`."""
+    if cfg.adapter:
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(cfg))
+
+
+def freeze_except(model, cfg) -> list[str]:
+    """Freeze everything but the chosen decoder blocks (or their named submodules) and extra modules.
+    Returns the names of the trainable parameters."""
+    prefix, layers = decoder_layers(model)
+    idx = chosen_layers(len(layers), cfg.freeze_trainable_layers)
+    wanted_inner = set(cfg.freeze_trainable_modules)
+    extra = set(cfg.freeze_extra_modules)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for i in idx:
+        for name, p in layers[i].named_parameters():
+            parts = name.split(".")[:-1]
+            if "all" in wanted_inner or wanted_inner.intersection(parts):
+                p.requires_grad_(True)
+    for name, mod in model.named_modules():
+        if name and name.split(".")[-1] in extra and not name.startswith(prefix + "."):
+            for p in mod.parameters():
+                p.requires_grad_(True)
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def build_model(cfg, setup, base_model: str, log=print):
+    """The model to train for cfg.method, on setup.device in setup.dtype."""
+    from roctune.models import load_model
+
+    if cfg.method == "qlora":
+        log(f"qlora: base weights in 4-bit NF4 (double quantization), computing in {setup.dtype}")
+        model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code)
+        return attach_lora(model, cfg)
+    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code)
+    if cfg.method == "lora":
+        return attach_lora(model, cfg)
+    if cfg.method == "freeze":
+        names = freeze_except(model, cfg)
+        prefix, layers = decoder_layers(model)
+        idx = chosen_layers(len(layers), cfg.freeze_trainable_layers)
+        where = f"layers {idx[0]}..{idx[-1]} of {len(layers)}" if idx else "no layers"
+        log(f"freeze: training {where}" + (f" (modules: {', '.join(cfg.freeze_trainable_modules)})"
+                                           if cfg.freeze_trainable_modules != ["all"] else "")
+            + (f" plus {', '.join(cfg.freeze_extra_modules)}" if cfg.freeze_extra_modules else "")
+            + f"; {len(names)} parameter tensors")
+        return model
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def warn_full_memory(cfg, base_model: str, setup, log) -> None:
+    """For full/freeze on the CPU: warn when the estimated peak exceeds the available RAM (the GPU case is
+    handled by the trainer's own estimate)."""
+    if setup.device != "cpu" or cfg.method not in ("full", "freeze"):
+        return
+    try:
+        import psutil
+
+        from roctune.memory import estimate
+
+        est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
+                       dtype=setup.dtype, grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
+                       freeze_trainable_layers=max(0, cfg.freeze_trainable_layers), device="cpu",
+                       grad_accum=cfg.grad_accum)
+        avail = psutil.virtual_memory().available
+        if est.total_bytes > avail:
+            log(f"warning: --method {cfg.method}: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds "
+                f"the {avail / 2**30:.1f} GiB of free RAM; use --method lora or qlora, or see `roctune estimate`")
+    except Exception:
+        return
+
+
+# ------------------------------------------------------------------------------------- saved runs
+def run_method(run_dir: str) -> str:
+    """The method a run directory was trained with ("lora" when unknown)."""
+    path = os.path.join(run_dir, "run.yaml")
+    if os.path.isfile(path):
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+        return str((doc.get("config") or {}).get("method") or "lora")
+    if os.path.isfile(os.path.join(run_dir, "adapter_config.json")):
+        return "lora"
+    return "full" if os.path.isfile(os.path.join(run_dir, "config.json")) else "lora"
+
+
+def is_full_model_dir(path: str) -> bool:
+    """A freeze/full run (or any model directory): config.json and weights, no adapter."""
+    return (os.path.isfile(os.path.join(path, "config.json"))
+            and not os.path.isfile(os.path.join(path, "adapter_config.json")))
+
+
+def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False):
+    """Merge a QLoRA adapter the way it was trained: load the base in 4-bit exactly as in training, run the
+    check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
+    weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
+    import torch
+    from peft import PeftModel
+
+    from roctune.env import torch_dtype
+
+    problem = bitsandbytes_problem("cpu")
+    if problem:
+        raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
+    base4 = load_4bit(base_model, dtype, "cpu", "sdpa", trust_remote_code)
+    model = PeftModel.from_pretrained(base4, adapter)
+    model.eval()
+    with torch.no_grad():
+        before = [model(**e).logits.float() for e in prompts_enc]
+    base = model.unload()  # the 4-bit base again, adapter layers removed (nothing merged into 4-bit)
+    base = base.dequantize(dtype=torch_dtype(dtype)) or base
+    base = base.to(torch_dtype(dtype))
+    if hasattr(base.config, "quantization_config"):
+        del base.config.quantization_config
+    base.hf_quantizer = None
+    base.is_quantized = False
+    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged.eval()
+    with torch.no_grad():
+        after = [merged(**e).logits.float() for e in prompts_enc]
+    return merged, before, after
+
+
+def adapter_settings(run_dir: str) -> dict:
+    with open(os.path.join(run_dir, "adapter_config.json"), encoding="utf-8") as f:
+        return json.load(f)
