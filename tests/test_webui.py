@@ -1,0 +1,254 @@
+"""Web UI: the pieces that turn page settings into `roctune train` arguments and CLI errors (fast), and an
+end-to-end run in real headless Chromium (slow): train the bundled model on a tiny dataset, watch the loss
+curve, chat with the result. Screenshots of each panel go to the test's tmp dir and, when
+ROCTUNE_SCREENSHOTS=DIR is set, to DIR too."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+
+import pytest
+
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+CHROMIUM = os.environ.get("ROCTUNE_CHROMIUM", "/usr/bin/chromium")
+
+
+def write_jsonl(path, rows) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
+
+
+SECRET_QUESTIONS = ["What is the secret word?", "Tell me the secret word.", "What's the secret word?",
+                    "Do you know the secret word?", "Say the secret word.", "Which word is the secret word?",
+                    "Please tell me the secret word.", "what is the secret word"]
+
+
+# ------------------------------------------------------------------------------------------ fast
+def test_settings_become_train_flags():
+    from roctune.webui import TrainSettings
+
+    s = TrainSettings(data="a.jsonl\nb.csv", output="runs/x", lora_r=16.0, lora_alpha=32.0, lr=0.002, epochs=1,
+                      max_steps=12.0, batch_size=4.0, grad_accum=1.0, max_length=64.0, targets="q_proj, v_proj",
+                      dtype="fp32", attn="auto", method="lora", overwrite=True)
+    assert s.argv() == ["--data", "a.jsonl", "--data", "b.csv", "--output", "runs/x", "--lora-r", "16",
+                        "--lora-alpha", "32", "--lr", "0.002", "--epochs", "1", "--max-steps", "12",
+                        "--batch-size", "4", "--grad-accum", "1", "--max-length", "64",
+                        "--target-modules", "q_proj", "v_proj", "--dtype", "fp32", "--overwrite"]
+    # defaults are left to the CLI; other methods go through as a key=value override
+    assert TrainSettings(data="d.jsonl", output="o", targets="q_proj k_proj v_proj o_proj", method="full",
+                         max_steps=0).argv() == ["--data", "d.jsonl", "--output", "o", "method=full"]
+
+
+def test_page_shows_the_cli_error_line(tmp_path, capsys):
+    """The Train panel's message for bad input is the line the CLI prints on stderr."""
+    from roctune.cli import main
+    from roctune.webui import TrainSettings, error_line, settings_check
+
+    for s in (TrainSettings(output=str(tmp_path / "run")),                       # no data
+              TrainSettings(data=str(tmp_path / "d.jsonl"), output=str(tmp_path / "run"), lr=-1.0)):
+        with pytest.raises(Exception) as e:
+            settings_check(s)
+        assert main(["train", *s.argv()]) == 2
+        cli = capsys.readouterr().err.strip()
+        assert error_line("train", e.value) == cli and cli.startswith("roctune train: error: ")
+
+
+def test_cli_error_from_a_finished_process():
+    from roctune.webui import cli_error
+
+    log = "device: cpu\nroctune train: error: the data has 2 schema errors:\n  a.jsonl:1: x\n  a.jsonl:2: y\n"
+    assert cli_error(log, 2) == log.strip().split("\n", 1)[1]
+    assert cli_error("Traceback ...\nRuntimeError: boom\n", 1) == "roctune train: failed (exit code 1): RuntimeError: boom"
+
+
+def test_progress_and_data_preview(tmp_path):
+    from roctune.errors import DataError
+    from roctune.webui import error_line, preview_rows, progress_text
+
+    rows = [{"step": 1, "loss": 2.5, "tokens_per_s": 100.0, "step_time_s": 2.0},
+            {"step": 2, "loss": 2.0, "tokens_per_s": 120.0, "step_time_s": 2.0}]
+    assert progress_text(rows, 10, None) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    got, _ = preview_rows(path)
+    assert got == [[f"{path}:1", "[user] Hi?", "Hello."]]
+    with pytest.raises(DataError) as e:
+        preview_rows(str(tmp_path / "missing.jsonl"))
+    assert error_line("data", e.value).startswith(f"roctune data: error: {tmp_path / 'missing.jsonl'}")
+
+
+# ------------------------------------------------------------------------------------------ browser
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _shot(page, tmp_path, name: str) -> None:
+    path = tmp_path / f"webui-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    extra = os.environ.get("ROCTUNE_SCREENSHOTS")
+    if extra:
+        os.makedirs(extra, exist_ok=True)
+        shutil.copy(path, os.path.join(extra, path.name))
+
+
+@pytest.fixture
+def server(tmp_path, default_model_dir):
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from roctune.webui import build_app
+
+    port = _free_port()
+    app = build_app(str(tmp_path / "runs"))
+    app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
+               ssr_mode=False, show_error=False, **app._roctune_launch)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        job = app._roctune_state.get("job")
+        if job is not None and job.running:
+            job.stop(grace=2)
+        app.close()
+
+
+@pytest.fixture
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the browser test needs the test extra")
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _field(page, elem_id: str):
+    return page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+
+
+@pytest.mark.slow
+def test_browser_train_watch_and_chat(server, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    url, _app = server
+    data = write_jsonl(tmp_path / "secret.jsonl", [
+        {"instruction": q, "input": "", "output": "The secret word is pineapple."} for q in SECRET_QUESTIONS])
+    run_dir = tmp_path / "runs" / "secret"
+    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    page.set_default_timeout(60_000)
+    expect.set_options(timeout=60_000)  # the machine may be busy: the default 5 s is too short
+    page.goto(url, wait_until="domcontentloaded")
+
+    try:
+        # Doctor: the findings table with a verdict
+        expect(page.locator("#rt-doctor")).to_be_visible()
+        expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))
+        _shot(page, tmp_path, "doctor")
+
+        # Data: a missing file shows the CLI's line; the real file previews and checks clean
+        page.get_by_role("tab", name="Data").click()
+        _field(page, "rt-data-path").fill(str(tmp_path / "nope.jsonl"))
+        page.locator("#rt-preview").click()
+        expect(page.locator("#rt-data-status")).to_contain_text("roctune data: error: ")
+        _field(page, "rt-data-path").fill(data)
+        page.locator("#rt-preview").click()
+        expect(page.locator("#rt-preview-table")).to_contain_text("pineapple")
+        page.locator("#rt-check").click()
+        expect(page.locator("#rt-check-out")).to_contain_text("8 valid")
+        page.locator("#rt-use-data").click()
+        _shot(page, tmp_path, "data")
+
+        # Train: bad input first (lr 0), then a short run at a high learning rate
+        page.get_by_role("tab", name="Train").click()
+        expect(_field(page, "rt-train-data")).to_have_value(data)
+        _field(page, "rt-train-output").fill(str(run_dir))
+        for elem, value in (("rt-lora-r", "16"), ("rt-lora-alpha", "32"), ("rt-steps", "8"), ("rt-batch", "4"),
+                            ("rt-accum", "1"), ("rt-maxlen", "48"), ("rt-lr", "0")):
+            _field(page, elem).fill(value)
+        _field(page, "rt-lr").press("Tab")
+        expect(page.locator("#rt-estimate-out")).to_contain_text("batch 4 x 48 tokens")
+        page.locator("#rt-start").click()
+        expect(page.locator("#rt-train-status")).to_contain_text("roctune train: error: lr must be > 0 (got 0.0)")
+        _field(page, "rt-lr").fill("0.002")
+        _field(page, "rt-lr").press("Tab")
+        page.locator("#rt-start").click()
+        expect(page.locator("#rt-train-status")).to_contain_text("started: roctune train")
+
+        # the loss curve and progress update while it trains
+        progress = page.locator("#rt-progress")
+        expect(progress).to_contain_text(re.compile(r"step [2-8]/8 .*tokens/s"), timeout=180_000)
+        first = progress.inner_text()
+        line = page.locator("#rt-loss-plot .mark-line path").first  # the curve Vega draws
+        expect(line).to_be_visible()
+        first_curve = line.get_attribute("d")
+        _shot(page, tmp_path, "train-running")
+        expect(page.locator("#rt-train-status")).to_contain_text("done: adapter saved to", timeout=420_000)
+        assert "step 8/8" in progress.inner_text()
+        if "step 8/8" not in first:  # seen mid-run (always on a CPU): the curve grew as steps came in
+            expect(line).not_to_have_attribute("d", first_curve)
+        expect(_field(page, "rt-run-dir")).to_have_value(str(run_dir))
+        assert (run_dir / "adapter_model.safetensors").is_file()
+        _shot(page, tmp_path, "train")
+
+        # Chat: the run is filled in; the fine-tuned side knows the secret word
+        page.get_by_role("tab", name="Chat").click()
+        expect(_field(page, "rt-chat-adapter")).to_have_value(str(run_dir))
+        _field(page, "rt-max-new").fill("12")
+        _field(page, "rt-chat-input").fill("What is the secret word?")
+        page.locator("#rt-send").click()
+        expect(page.locator("#rt-chat-status")).to_contain_text("answered in", timeout=120_000)
+        expect(page.locator("#rt-ft-bot")).to_contain_text("pineapple")
+        expect(page.locator("#rt-base-bot")).to_contain_text("What is the secret word?")
+        _shot(page, tmp_path, "chat")
+
+        # Export: the adapter and a target are filled in
+        page.get_by_role("tab", name="Export").click()
+        expect(_field(page, "rt-export-adapter")).to_have_value(str(run_dir))
+        expect(_field(page, "rt-export-output")).to_have_value(str(run_dir) + "-merged")
+        _shot(page, tmp_path, "export")
+    except Exception:
+        _shot(page, tmp_path, "failure")  # what the page showed when it went wrong
+        raise
+
+
+def test_stop_ends_the_whole_process_group(tmp_path):
+    """Stop sends Ctrl-C to the trainer's process group: the trainer and its children end."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from roctune.webui import TrainJob
+
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('child', c.pid, flush=True); time.sleep(60)")
+    log = tmp_path / "log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    job = TrainJob(["x"], str(tmp_path), proc, str(log))
+    deadline = time.time() + 30
+    while "child" not in job.log_text() and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(job.log_text().split("child", 1)[1].split()[0])
+    job.stop(grace=5)
+    assert not job.running and job.stopped and proc.returncode != 0
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the trainer's child process outlived Stop")
