@@ -393,11 +393,9 @@ def progress_text(metrics: list[dict], total: int | None, job: TrainJob | None) 
 def loss_frame(metrics: list[dict]):
     import pandas as pd
 
-    rows = [{"step": m["step"], "loss": m["loss"], "series": "train"} for m in metrics]
-    rows += [{"step": m["step"], "loss": m["eval_loss"], "series": "eval"} for m in metrics if "eval_loss" in m]
-    frame = pd.DataFrame(rows, columns=["step", "loss", "series"])
+    frame = pd.DataFrame([{"step": m["step"], "loss": m["loss"]} for m in metrics], columns=["step", "loss"])
     # typed columns even when empty: the plot picks quantitative axes from them
-    return frame.astype({"step": "int64", "loss": "float64", "series": "str"})
+    return frame.astype({"step": "int64", "loss": "float64"})
 
 
 # ------------------------------------------------------------------------------------------ chat
@@ -576,7 +574,7 @@ def build_app(run_root: str = "runs"):
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="rt-stop")
                 train_status = gr.HTML(elem_id="rt-train-status")
                 train_progress = gr.Markdown(elem_id="rt-progress")
-                loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", color="series", title="loss",
+                loss_plot = gr.LinePlot(loss_frame([]), x="step", y="loss", title="training loss",
                                         height=300, elem_id="rt-loss-plot")
                 train_done = gr.Textbox(label="run directory when done", interactive=False, elem_id="rt-run-dir")
                 with gr.Accordion("log", open=False):
