@@ -745,6 +745,12 @@ def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", bl
     """Start the server (no share link, no analytics). Returns the app."""
     app = build_app(run_root)
     extra = getattr(app, "_roctune_launch", {})
-    app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
-               show_error=False, ssr_mode=False, quiet=not block, **extra)
+    try:
+        app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
+                   show_error=False, ssr_mode=False, quiet=not block, **extra)
+    finally:
+        job = app._roctune_state.get("job")
+        if block and job is not None and job.running:  # the server is going away: so does its training run
+            print(f"roctune webui: stopping the training run in {job.output}", file=sys.stderr)
+            job.stop()
     return app
