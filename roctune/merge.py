@@ -24,13 +24,34 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
 
     if os.path.exists(output) and os.listdir(output) and not overwrite:
         raise RoctuneError(f"--output {output} is not empty; use --overwrite or another directory")
-    loaded = load_for_inference(adapter=adapter, device="cpu", dtype=dtype)
-    model, tok = loaded.model, loaded.tokenizer
-    enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
-    with torch.no_grad():
-        before = [model(**e).logits.float() for e in enc]
-        merged = model.merge_and_unload()
-        after = [merged(**e).logits.float() for e in enc]
+    from roctune.methods import dequantized_merge, is_full_model_dir, run_method
+
+    method = run_method(adapter) if os.path.isdir(adapter) else "lora"
+    if os.path.isdir(adapter) and is_full_model_dir(adapter):
+        raise RoctuneError(f"--adapter {adapter}: this {method} run saved a whole model, not an adapter; there is "
+                           "nothing to merge (load the directory itself with from_pretrained)")
+    if method == "qlora":
+        # trained on 4-bit weights: merge into those weights dequantized to `dtype`, never into 4-bit ones,
+        # and check against the model as trained (4-bit base + adapter)
+        from roctune.models import load_tokenizer, resolve_model
+        from roctune.train import read_run_yaml
+
+        run = read_run_yaml(adapter)
+        base = resolve_model(run.get("base_model"))
+        trust = bool(run.get("config", {}).get("trust_remote_code"))
+        tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
+        tok = load_tokenizer(tok_src, trust)
+        enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
+        log(f"qlora adapter: loading {base} in 4-bit as in training, then dequantizing it to {dtype} to merge")
+        merged, before, after = dequantized_merge(adapter, base, dtype, enc, trust)
+    else:
+        loaded = load_for_inference(adapter=adapter, device="cpu", dtype=dtype)
+        model, tok = loaded.model, loaded.tokenizer
+        enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
+        with torch.no_grad():
+            before = [model(**e).logits.float() for e in enc]
+            merged = model.merge_and_unload()
+            after = [merged(**e).logits.float() for e in enc]
     max_diff = max(float((a - b).abs().max()) for a, b in zip(after, before))
     tol = 1e-3 if dtype == "fp32" else 5e-2
     log(f"merge check: max |logit difference| between adapter and merged model = {max_diff:.2e} (tolerance {tol:g})")
