@@ -210,11 +210,16 @@ def test_browser_train_watch_and_chat(server, browser, tmp_path):
         expect(page.locator("#rt-base-bot")).to_contain_text("What is the secret word?")
         _shot(page, tmp_path, "chat")
 
-        # Export: the adapter and a target are filled in
+        # Export: the adapter and a target are filled in; a wrong adapter gets the CLI's message
         page.get_by_role("tab", name="Export").click()
         expect(_field(page, "rt-export-adapter")).to_have_value(str(run_dir))
         expect(_field(page, "rt-export-output")).to_have_value(str(run_dir) + "-merged")
         _shot(page, tmp_path, "export")
+        _field(page, "rt-export-adapter").fill(str(tmp_path / "no-run"))
+        _field(page, "rt-export-output").fill(str(tmp_path / "merged"))
+        page.locator("#rt-merge").click()
+        expect(page.locator("#rt-export-status")).to_have_text(
+            f"roctune merge: error: --adapter {tmp_path / 'no-run'}: no such directory")
     except Exception:
         _shot(page, tmp_path, "failure")  # what the page showed when it went wrong
         raise
