@@ -342,11 +342,13 @@ def train_dpo(cfg, setup, base_model: str, tokenizer, records: list[Pair], eval_
     model.train()
     bar = T._Progress(total, 0, enabled=progress)
     t_start = time.perf_counter()
-    losses, last = [], {}
+    losses, last, tokens_done = [], {}, 0
     try:
         for step in range(total):
             t0 = time.perf_counter()
             n_pairs = sum(len(mb) for mb in steps[step])
+            n_tok = sum(len(pairs[i][0].input_ids) + len(pairs[i][1].input_ids) for mb in steps[step] for i in mb)
+            tokens_done += n_tok
             sums = {"loss": 0.0, "chosen": 0.0, "rejected": 0.0, "acc": 0.0}
             for mb in steps[step]:
                 with T._autocast(setup):
@@ -374,7 +376,7 @@ def train_dpo(cfg, setup, base_model: str, tokenizer, records: list[Pair], eval_
                     "rewards_rejected": round(sums["rejected"] / n_pairs, 6),
                     "reward_margin": round((sums["chosen"] - sums["rejected"]) / n_pairs, 6),
                     "reward_accuracy": round(sums["acc"] / n_pairs, 4),
-                    "step_time_s": round(time.perf_counter() - t0, 3)}
+                    "tokens": n_tok, "step_time_s": round(time.perf_counter() - t0, 3)}
             is_last = done == total
             if eval_pairs and ((cfg.eval_steps and done % cfg.eval_steps == 0) or is_last):
                 ev = evaluate_pairs(model, eval_pairs, eval_ref, cfg, setup, pad_id, supervised_only)
@@ -383,7 +385,7 @@ def train_dpo(cfg, setup, base_model: str, tokenizer, records: list[Pair], eval_
             if done % cfg.logging_steps == 0 or is_last or "eval_loss" in last:
                 with open(metrics_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(last) + "\n")
-            bar.update(done, step_loss, 0.0, log)
+            bar.update(done, step_loss, tokens_done / max(1e-9, time.perf_counter() - t_start), log)
     finally:
         bar.close()
     elapsed = time.perf_counter() - t_start

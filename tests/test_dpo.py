@@ -116,7 +116,6 @@ def test_dpo_widens_the_reward_margin(tiny_model_dir, tmp_path):
     assert doc["config"]["stage"] == "dpo" and doc["config"]["beta"] == 0.1
 
 
-@pytest.mark.slow
 def test_dpo_from_sft_adapter_uses_it_as_reference(tiny_model_dir, alpaca_file, tmp_path):
     from roctune.train import train
 
