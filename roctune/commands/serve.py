@@ -1,0 +1,81 @@
+"""`roctune serve`: an OpenAI-compatible API (chat/completions, completions, models) for a base model and
+its LoRA adapters, with concurrent requests batched together. Binds to 127.0.0.1 unless --host says otherwise.
+The API key comes from --api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it."""
+from __future__ import annotations
+
+import os
+import sys
+
+from roctune.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible API server for a model and its adapters",
+                       description=__doc__)
+    p.add_argument("--model", metavar="NAME", help="base model (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--adapter", metavar="NAME=DIR", action="append", default=[],
+                   help="serve the adapter in DIR as model NAME (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (default: $ROCTUNE_API_KEY)")
+    p.add_argument("--adapter-root", metavar="DIR",
+                   help="admin endpoints may load adapters from folders under DIR (and nowhere else)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits for more requests before it starts (default 5)")
+    p.add_argument("--max-tokens-limit", type=int, default=1024,
+                   help="largest max_tokens a request may ask for (default 1024; larger: HTTP 422)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for the model (default: torch's choice; 1 is often faster on a busy CPU)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port}: expected 0-65535")
+    for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-limit", args.max_tokens_limit),
+                        ("--max-body-bytes", args.max_body_bytes)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1 (got {value})")
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 0 (got {args.threads})")
+    if args.batch_wait_ms < 0:
+        raise ConfigError(f"--batch-wait-ms must be >= 0 (got {args.batch_wait_ms})")
+    root = args.adapter_root
+    if root is not None and not os.path.isdir(root):
+        raise ConfigError(f"--adapter-root {root}: no such directory")
+    api_key = args.api_key or os.environ.get("ROCTUNE_API_KEY") or None
+    adapters = parse_adapter_specs(args.adapter)
+    sock = bind_socket(args.host, args.port)  # fail fast on a busy port, before loading the model
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"roctune serve: warning: listening on {args.host} without an API key; anyone who can reach "
+              "this port can use the model (set --api-key or ROCTUNE_API_KEY)", file=sys.stderr)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engine = build_engine(args.model, adapters, device=args.device, dtype=args.dtype, max_batch=args.max_batch,
+                          batch_wait_ms=args.batch_wait_ms, trust_remote_code=args.trust_remote_code)
+    settings = Settings(api_key=api_key, adapter_root=os.path.abspath(root) if root else None,
+                        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
+    app = create_app(engine, settings)
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    names = ", ".join(engine.model_ids())
+    print(f"roctune serve: http://{host}:{port}/v1 on {engine.device} ({engine.dtype}); models: {names}",
+          flush=True)
+    engine.start()
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off")).run(sockets=[sock])
+    finally:
+        engine.stop()
+        sock.close()
+    return 0
