@@ -51,7 +51,15 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
     tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tokenizer = load_tokenizer(tok_source, trust_remote_code)
-    m = load_model(base, dt, dev, attn, trust_remote_code)
+    m = None
+    if adapter is not None:
+        from roctune.methods import bitsandbytes_problem, load_4bit, run_method
+
+        if run_method(adapter) == "qlora" and bitsandbytes_problem(dev) is None:
+            # answer with the model as trained (4-bit base + adapter), as `roctune merge` also checks against
+            m = load_4bit(base, dt, dev, attn, trust_remote_code)
+    if m is None:
+        m = load_model(base, dt, dev, attn, trust_remote_code)
     if adapter is not None:
         from peft import PeftModel
 

@@ -193,6 +193,14 @@ def test_qlora_bundled_model_trains_reloads_and_merges(default_model_dir, tmp_pa
     with open(out / "run.yaml", encoding="utf-8") as f:
         assert yaml.safe_load(f)["config"]["method"] == "qlora"
 
+    # chat/generate answer with the model as trained: the 4-bit base with the adapter on top
+    from roctune.generate import generate, load_for_inference
+
+    loaded = load_for_inference(adapter=str(out), device="cpu")
+    assert type(loaded.model.get_base_model().model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
+    assert generate(loaded, [[{"role": "user", "content": "Say the secret word."}]], max_new_tokens=4)[0]
+    del loaded
+
     merged_dir = tmp_path / "merged"
     logs = []
     result = merge(str(out), str(merged_dir), dtype="fp32", log=logs.append)
