@@ -200,7 +200,8 @@ def sequence_logps(model, batch, supervised_only: bool):
         out = base.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = base.get_output_embeddings()(out.last_hidden_state[:, :-1][mask])
     else:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1][mask]
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1][mask]
     logp = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[mask].unsqueeze(1)).squeeze(1)
     rows = mask.nonzero()[:, 0]
     return torch.zeros(mask.shape[0], dtype=logp.dtype, device=logp.device).index_add(0, rows, logp)

@@ -136,3 +136,23 @@ def test_dpo_from_sft_adapter_uses_it_as_reference(tiny_model_dir, alpaca_file, 
     w_sft = load_file(str(sft / "adapter_model.safetensors"))
     w_dpo = load_file(str(out / "adapter_model.safetensors"))
     assert set(w_sft) == set(w_dpo)  # the SFT adapter was trained further, same shape
+
+
+def test_logps_output_layer_only_at_answers_matches_full_logits(tiny_model_dir, tokenizer):
+    import torch
+
+    from roctune.dpo import Pair, pair_logps, tokenize_pairs
+    from roctune.models import load_model
+
+    model = load_model(tiny_model_dir)
+    pairs, _ = tokenize_pairs(tokenizer, [Pair("r", [{"role": "user", "content": p["prompt"]}], p["chosen"],
+                                               p["rejected"]) for p in PAIRS[:3]], 64)
+    with torch.no_grad():
+        fast = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", supervised_only=True)
+        full = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", supervised_only=False)
+        # each pair alone (no padding) gives the same numbers
+        alone = [pair_logps(model, [p], tokenizer.pad_token_id, "cpu", supervised_only=False) for p in pairs]
+    for a, b in zip(fast, full):
+        assert torch.allclose(a, b, atol=1e-4)
+    assert torch.allclose(full[0], torch.cat([c for c, _ in alone]), atol=1e-4)
+    assert torch.allclose(full[1], torch.cat([r for _, r in alone]), atol=1e-4)

@@ -107,7 +107,8 @@ def test_dora_rslora_all_linear_modules_to_save_reach_adapter_config(tiny_model_
     with open(out / "adapter_config.json", encoding="utf-8") as f:
         ac = json.load(f)
     assert ac["use_dora"] is True and ac["use_rslora"] is True
-    assert {t.split(".")[-1] for t in ac["target_modules"]} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {t.split(".")[-1] for t in ac["target_modules"]} == linear
     assert ac["modules_to_save"] == ["norm"]
     weights = load_file(str(out / "adapter_model.safetensors"))
     assert any("lora_magnitude_vector" in k for k in weights)  # DoRA's magnitudes were trained and saved
