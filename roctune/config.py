@@ -106,6 +106,9 @@ class TrainConfig:
             raise ConfigError(f"beta must be > 0 (got {self.beta})")
         if self.stage == "dpo" and (self.resume or self.save_steps):
             raise ConfigError("--stage dpo does not write or resume checkpoints yet; drop --resume/--save-steps")
+        if self.method == "qlora" and self.fsdp:
+            raise ConfigError("--fsdp with --method qlora is not supported (4-bit weights are not sharded); "
+                              "drop --fsdp: each process then holds its own 4-bit copy")
         if self.stage == "dpo" and self.nproc * self.nnodes > 1:
             raise ConfigError("--stage dpo runs in one process for now; drop --nproc/--nnodes")
         if self.resume and self.method in ("freeze", "full"):
