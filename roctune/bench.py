@@ -1,5 +1,6 @@
 """Throughput and memory of a fixed training workload: roctune's trainer against the standard transformers
-`Trainer` + PEFT recipe (labels masked, dynamic padding), on identical examples, order and hyperparameters.
+`Trainer` + PEFT recipe (labels masked, dynamic padding), on identical examples, order and hyperparameters
+(the same seeded shuffle; roctune's length grouping reorders within it unless --no-group-by-length).
 
 Each measured run happens in its own child process (`python -m roctune.bench --worker ...`), so peak memory
 is that run's alone (GPU: torch.cuda.max_memory_allocated; CPU: peak RSS of the process) and one run's
@@ -118,7 +119,10 @@ def run_roctune(w: Workload) -> dict:
 
 def run_baseline(w: Workload) -> dict:
     """The standard recipe: transformers Trainer + PEFT get_peft_model, DataCollatorForSeq2Seq padding,
-    labels with the prompt masked (the tutorial's bug fixed), fed the same micro-batches in the same order."""
+    labels with the prompt masked (the tutorial's bug fixed). It is fed the same examples in the same seeded
+    shuffled order roctune starts from, batched in that order as the Trainer's sampler would; roctune then
+    groups by length within that order (its own speed option). With --no-group-by-length both get identical
+    micro-batches."""
     import torch
     from peft import LoraConfig, get_peft_model
     from torch.utils.data import Dataset, SequentialSampler
@@ -136,7 +140,9 @@ def run_baseline(w: Workload) -> dict:
     dtype = choose_dtype(w.dtype, device).value
     tok = load_tokenizer(base)
     examples, _ = tokenize_records(tok, load_records(w.data), w.max_length)
-    steps, _ = _plan(cfg, examples)
+    import dataclasses
+
+    steps, _ = _plan(dataclasses.replace(cfg, group_by_length=False), examples)
     order = [i for step in steps for mb in step for i in mb]
 
     class Ordered(Dataset):

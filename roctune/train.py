@@ -120,8 +120,13 @@ class Batch:
 
 
 def collate(examples: list[Tokenized], pad_id: int, packed: bool, device: str) -> Batch:
-    """Padded [B, T] tensors, or one packed row [1, sum(T_i)] whose position_ids restart at each example
-    (the attention kernels then keep examples apart; no padding computed)."""
+    """Right-padded [B, T] tensors, or one packed row [1, sum(T_i)] whose position_ids restart at each example
+    (the attention kernels then keep examples apart; no padding computed).
+
+    Padded batches carry no attention mask: with right padding, causal attention already keeps every real
+    token from seeing the padding after it, and padded positions have no labels. The attention kernels then
+    take their fast causal path (no mask tensor, masked-out blocks skipped) with identical results for
+    every real token."""
     import torch
 
     n_tokens = sum(len(e.input_ids) for e in examples)
@@ -138,13 +143,11 @@ def collate(examples: list[Tokenized], pad_id: int, packed: bool, device: str) -
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)
     for i, e in enumerate(examples):
         n = len(e.input_ids)
         ids[i, :n] = torch.tensor(e.input_ids)
         labels[i, :n] = torch.tensor(e.labels)
-        mask[i, :n] = 1
-    return Batch(ids.to(device), labels.to(device), mask.to(device), None, n_tokens, n_sup)
+    return Batch(ids.to(device), labels.to(device), None, None, n_tokens, n_sup)
 
 
 # --------------------------------------------------------------------------------------------------- loss
@@ -211,8 +214,10 @@ def _choose(cfg: TrainConfig, base_model: str) -> Setup:
     attn = choose_attention(cfg.attn, device.value, dtype.value)
     if cfg.packing == "on" and attn.value == "eager":
         raise ConfigError("--packing on needs --attn sdpa or flash_attention_2 (eager has no packed masks)")
-    # Packing pays where padding would be computed: measured faster on the CPU (sdpa) and with flash-attn.
-    packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value in ("sdpa", "flash_attention_2")
+    # Packing pays only with a variable-length kernel (flash-attn): SDPA and eager would attend over the whole
+    # packed row (quadratic in its length, masked), which `roctune bench` measured slower on the CPU than
+    # length-grouped right-padded batches on the causal fast path.
+    packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
                                      and cfg.batch_size > 1)
     return Setup(base_model, device.value, dtype.value, attn.value,
                  {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason}, packed)

@@ -46,9 +46,9 @@ def test_train_writes_a_complete_run(tiny_model_dir, alpaca_file, tmp_path):
 
 
 @pytest.mark.parametrize("options", [
-    {"packing": "off"},
+    {"packing": "on"},
     {"loss_on_supervised_only": False},
-    {"packing": "off", "loss_on_supervised_only": False},
+    {"packing": "on", "loss_on_supervised_only": False},
     {"grad_checkpointing": True},
 ])
 def test_speed_options_match_the_plain_path(tiny_model_dir, alpaca_file, tmp_path, options):
