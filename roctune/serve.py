@@ -313,7 +313,12 @@ class Engine:
         if name not in self.adapters:
             raise ApiError(404, f"no adapter named {name!r} is loaded", type="not_found_error",
                            code="model_not_found", param="name")
-        self.peft.delete_adapter(name)
+        if len(self.adapters) == 1:  # PEFT cannot run without an adapter: take the LoRA layers out
+            self.base = self.peft.unload()
+            self.base.eval()
+            self.peft = None
+        else:
+            self.peft.delete_adapter(name)
         del self.adapters[name]
 
     def _on_worker(self, fn: Callable[[], object]):
@@ -384,6 +389,7 @@ class Engine:
                     except queue.Empty:
                         break
                     running = self._take(item, pending) and running
+            batch: list[GenRequest] = []
             try:
                 if state is None:
                     batch = self._select(pending, [], self.max_batch)
@@ -400,9 +406,13 @@ class Engine:
                 log.exception("generation failed")
                 err = ApiError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error",
                                code="internal_error")
-                for row in (state.rows if state is not None else []):
-                    row.req.cancelled = True
-                    row._emit(("error", err))
+                for req in [row.req for row in (state.rows if state is not None else [])] + batch:
+                    if not req.cancelled:
+                        req.cancelled = True
+                        try:
+                            req.emit(("error", err))
+                        except Exception:
+                            pass
                 state = None
 
     def _select(self, pending: deque, running: list, room: int) -> list[GenRequest]:
@@ -837,6 +847,15 @@ def create_app(engine: Engine, settings: Settings):
         data += [{"id": a, "object": "model", "created": now, "owned_by": "roctune", "parent": engine.base_id}
                  for a in engine.adapters]
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str, request: Request):
+        authorize(request)
+        if not engine.has_model(name):
+            raise ApiError(404, f"the model {name!r} does not exist", type="not_found_error",
+                           code="model_not_found")
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "roctune",
+                "parent": None if name == engine.base_id else engine.base_id}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

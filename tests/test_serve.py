@@ -32,7 +32,7 @@ def adapter_root(tmp_path_factory, default_model_dir) -> str:
     for name, word in WORDS.items():
         data = write_jsonl(data_dir / f"{name}.jsonl",
                            [{"instruction": q, "output": f"The secret word is {word}."} for q in asks])
-        cfg = TrainConfig(data=[data], output=str(root / name), max_steps=10, lr=2e-3, batch_size=4, grad_accum=1,
+        cfg = TrainConfig(data=[data], output=str(root / name), max_steps=8, lr=2e-3, batch_size=4, grad_accum=1,
                           lora_r=16, lora_alpha=32, lora_dropout=0.0, device="cpu", seed=1)
         cfg.validate()
         train(cfg, log=lambda s: None, progress=False)
@@ -144,6 +144,7 @@ def test_models_and_health(server, client):
 
     ids = [m.id for m in client.models.list().data]
     assert ids == [DEFAULT_MODEL, "fruit", "peak"]
+    assert client.models.retrieve("peak").id == "peak"
     status, body = http(server, "GET", "/health", key=None)
     assert status == 200 and body["status"] == "ok" and body["adapters"] == ["fruit", "peak"]
     assert server[0].startswith("http://127.0.0.1:")
@@ -312,3 +313,14 @@ def test_admin_load_and_unload_adapters(server, client):
     assert_openai_error(http(server, "POST", "/v1/chat/completions",
                              {"model": "fruit2", "messages": [{"role": "user", "content": QUESTION}]}), 404)
     assert "mountain" in ask(client, "peak").lower()
+    # unloading every adapter leaves the plain base model; loading them again brings their answers back
+    from roctune.models import DEFAULT_MODEL
+
+    base = ask(client, DEFAULT_MODEL)
+    for name in ["fruit", "peak"]:
+        assert http(server, "DELETE", f"{admin}/{name}")[0] == 200
+    assert [m.id for m in client.models.list().data] == [DEFAULT_MODEL]
+    assert ask(client, DEFAULT_MODEL) == base
+    for name in ["fruit", "peak"]:
+        assert http(server, "POST", admin, {"name": name, "path": name})[0] == 201
+    assert "apple" in ask(client, "fruit").lower() and "mountain" in ask(client, "peak").lower()
