@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(VENV)/bin/roctune train --data examples/identity.jsonl --output runs/demo --overwrite \
-	  --epochs 3 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 256 --batch-size 4 --grad-accum 1
+	  --epochs 6 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 128 --batch-size 4 --grad-accum 1
 	$(VENV)/bin/roctune generate --adapter runs/demo --compare --input examples/identity_prompts.jsonl --max-new-tokens 48
 
 # Debian's chromium for the web UI's browser test (Playwright drives it; no browser download).
