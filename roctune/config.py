@@ -58,6 +58,7 @@ class TrainConfig:
     dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32"})
     attn: str = field(default="auto", metadata={"help": "auto, eager, sdpa or flash_attention_2"})
     trust_remote_code: bool = field(default=False, metadata={"help": "run the model repository's own code (off by default)"})
+    auto_batch: bool = field(default=False, metadata={"help": "after an out-of-memory error, retry with half the micro-batch and twice the accumulation"})
     grad_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"})
     group_by_length: bool = field(default=True, metadata={"help": "batch examples of similar length together (less padding)"})
     packing: str = field(default="auto", metadata={"help": "padding-free micro-batches: auto, on or off"})

@@ -126,8 +126,11 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
     """Load a causal LM onto `device` in `dtype` with the given attention implementation."""
     from transformers import AutoModelForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     from roctune.env import torch_dtype
 
+    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
@@ -137,4 +140,6 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
             raise ModelError(f"{path}: this model needs its repository's own code; rerun with "
                              "--trust-remote-code if you trust it") from None
         raise
+    finally:
+        hf_logging.enable_progress_bar()
     return model.to(device)

@@ -461,25 +461,41 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
     tokens_done = 0
     losses = []
     last = {}
+    micro_size = cfg.batch_size  # halved by --auto-batch after an out-of-memory error
     try:
         for step in range(start_step, total):
             t0 = time.perf_counter()
             mine = steps[step][dist.rank::dist.world_size] if dist.enabled else steps[step]
-            micro = [[train_ex[i] for i in mb] for mb in mine]
-            batches = [collate(mb, pad_id, setup.packed, setup.device) for mb in micro]
             if dist.enabled:
                 n_sup = sum(n_sup_of[i] for mb in steps[step] for i in mb)
             else:
-                n_sup = sum(b.n_supervised for b in batches)
-            step_loss = 0.0
-            for b in batches:
-                with _autocast(setup):
-                    loss = batch_loss_sum(model, b, supervised_only) / max(1, n_sup)
-                if sharded:  # FSDP averages gradients over ranks; we want their sum
-                    loss = loss * dist.world_size
-                loss.backward()
-                step_loss += float(loss.detach()) / (dist.world_size if sharded else 1)
-            n_tok = sum(b.n_tokens for b in batches)
+                n_sup = sum(sum(1 for x in train_ex[i].labels[1:] if x != -100) for mb in mine for i in mb)
+            while True:
+                micro = [[train_ex[i] for i in mb[s:s + micro_size]] for mb in mine for s in range(0, len(mb), micro_size)]
+                try:
+                    step_loss, n_tok = 0.0, 0
+                    for mb in micro:
+                        b = collate(mb, pad_id, setup.packed, setup.device)
+                        with _autocast(setup):
+                            loss = batch_loss_sum(model, b, supervised_only) / max(1, n_sup)
+                        if sharded:  # FSDP averages gradients over ranks; we want their sum
+                            loss = loss * dist.world_size
+                        loss.backward()
+                        step_loss += float(loss.detach()) / (dist.world_size if sharded else 1)
+                        n_tok += b.n_tokens
+                    break
+                except Exception as e:  # noqa: BLE001 - only out-of-memory errors are handled
+                    if not is_out_of_memory(e):
+                        raise
+                    loss = b = None
+                    optimizer.zero_grad(set_to_none=True)  # drop the half-accumulated step and free memory
+                    free_memory(setup.device)
+                    if not cfg.auto_batch or micro_size == 1 or dist.enabled:
+                        raise out_of_memory_error(cfg, step + 1, micro_size) from None
+                    micro_size = (micro_size + 1) // 2
+                    log(f"out of memory at step {step + 1}: retrying with {micro_size} examples per micro-batch "
+                        f"and {math.ceil(cfg.batch_size / micro_size) * cfg.grad_accum}x accumulation "
+                        f"(same {cfg.batch_size * cfg.grad_accum} examples per optimizer step)")
             if dist.enabled:
                 if not sharded:
                     distributed.sum_gradients(dist, params)
@@ -497,7 +513,7 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
             done = step + 1
             last = {"step": done, "epoch": round(done / steps_per_epoch, 4), "loss": round(step_loss, 6),
                     "lr": lr, "tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3),
-                    "tokens": n_tok, "supervised_tokens": n_sup}
+                    "tokens": n_tok, "supervised_tokens": n_sup, "micro_batch_size": micro_size}
             is_last = done == total
             if eval_ex and ((cfg.eval_steps and done % cfg.eval_steps == 0) or is_last):
                 last["eval_loss"] = round(evaluate(model, eval_ex, setup, pad_id, cfg.batch_size, supervised_only,
@@ -518,6 +534,46 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
     finish(cfg, model, tokenizer, dist)
     log(f"done: {total} steps in {elapsed:.0f}s, final loss {final['final_loss']:.4f}; adapter saved to {cfg.output}")
     return final
+
+
+# ----------------------------------------------------------------------------------------- out of memory
+def is_out_of_memory(e: BaseException) -> bool:
+    """CUDA/HIP out of memory (torch.OutOfMemoryError) or a failed CPU allocation."""
+    import torch
+
+    if isinstance(e, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def free_memory(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def out_of_memory_error(cfg: TrainConfig, step: int, micro_size: int) -> RoctuneError:
+    """The error that stops a run out of memory: what happened and the concrete options."""
+    from roctune.errors import EnvironmentProblem
+
+    half = max(1, micro_size // 2)
+    options = ["--auto-batch (retries with smaller micro-batches and more accumulation, same effective batch)",
+               f"--batch-size {half} --grad-accum {cfg.grad_accum * math.ceil(micro_size / half)}",
+               f"--max-length {max(64, cfg.max_length // 2)}"]
+    if not cfg.grad_checkpointing:
+        options.append("--grad-checkpointing")
+    if cfg.method == "lora":
+        options.append("--method qlora")
+    model = f" --model {cfg.model}" if cfg.model else ""
+    return EnvironmentProblem(
+        f"out of memory at step {step} with {micro_size} examples per micro-batch of up to {cfg.max_length} "
+        f"tokens; try {'; or '.join(options)}. `roctune estimate{model} --batch-size {micro_size} "
+        f"--max-length {cfg.max_length} --suggest` shows what fits")
 
 
 # ------------------------------------------------------------------------------------ saving and resume

@@ -180,3 +180,52 @@ def test_bad_flag_values(tmp_path, capsys, tiny_model_dir, alpaca_file):
                          "--target-modules", "c_attn"], capsys)
     assert_one_error(code, err, "c_attn", "q_proj")
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------ out of memory
+def inject_oom(monkeypatch, max_rows: int):
+    """Make every micro-batch with more than `max_rows` examples fail as the GPU would."""
+    import torch
+
+    import roctune.train as T
+
+    real = T.batch_loss_sum
+    calls = {"oom": 0}
+
+    def limited(model, batch, supervised_only):
+        if batch.input_ids.shape[0] > max_rows:
+            calls["oom"] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, batch, supervised_only)
+
+    monkeypatch.setattr(T, "batch_loss_sum", limited)
+    return calls
+
+
+def test_auto_batch_recovers_with_the_same_effective_batch(tiny_model_dir, alpaca_file, tmp_path, monkeypatch):
+    kw = dict(batch_size=4, grad_accum=1, max_steps=3)
+    plain = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "plain", **kw),
+                         log=lambda s: None, progress=False)["output"])
+    calls = inject_oom(monkeypatch, max_rows=1)
+    messages = []
+    out = train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "auto", auto_batch=True, **kw),
+                log=messages.append, progress=False)["output"]
+    assert calls["oom"] == 2  # 4 -> 2 -> 1 examples per micro-batch, then it fits
+    assert any("retrying with 1 examples per micro-batch and 4x accumulation (same 4 examples" in m for m in messages)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["micro_batch_size"] for r in rows] == [1, 1, 1]
+    # the same examples per optimizer step, normalised by the same token count: the same losses
+    assert [r["loss"] for r in rows] == pytest.approx(plain, rel=1e-4)
+
+
+def test_out_of_memory_without_auto_batch_stops_with_options(tiny_model_dir, alpaca_file, tmp_path, monkeypatch, capsys):
+    inject_oom(monkeypatch, max_rows=1)
+    out = tmp_path / "run"
+    code = main(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir, "--device", "cpu",
+                 "--batch-size", "4", "--grad-accum", "1", "--max-steps", "4", "--save-steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and "out of memory at step 1 with 4 examples per micro-batch" in err[0]
+    assert "--auto-batch" in err[0] and "--batch-size 2 --grad-accum 2" in err[0] and "--grad-checkpointing" in err[0]
+    leftovers = [n for n in os.listdir(out) if n.startswith((".tmp", "checkpoint-"))]
+    assert leftovers == []  # no half-written checkpoint

@@ -53,6 +53,8 @@ def register(sub) -> None:
     p.add_argument("--attn", choices=["auto", "eager", "sdpa", "flash_attention_2"], help="attention kernel (default auto)")
     p.add_argument("--trust-remote-code", action="store_true", help="run code from the model repository (off by default)")
     p.add_argument("--grad-checkpointing", action="store_true", help="less memory, slower")
+    p.add_argument("--auto-batch", action="store_true",
+                   help="on out-of-memory, halve the micro-batch and double the accumulation (same effective batch)")
     p.add_argument("--packing", choices=["auto", "on", "off"], help="padding-free micro-batches (default auto)")
     g = p.add_argument_group("several processes", "effective batch = batch-size x grad-accum x processes")
     g.add_argument("--nproc", type=int, metavar="N", help="processes on this machine: one per GPU (DDP), or with "
