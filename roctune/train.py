@@ -61,28 +61,6 @@ def atomic_write_text(path: str, text: str) -> None:
         raise
 
 
-def save_adapter_dir(model, tokenizer, target: str, extra_files: dict[str, str] | None = None) -> None:
-    """Save adapter + tokenizer into `target` atomically: build a sibling temp dir, then swap it in."""
-    parent = os.path.dirname(os.path.abspath(target))
-    tmp = tempfile.mkdtemp(prefix=".tmp-save-", dir=parent)
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        if os.path.isdir(target):
-            old = tempfile.mkdtemp(prefix=".tmp-old-", dir=parent)
-            os.rmdir(old)
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def move_into(src_dir: str, out_dir: str) -> None:
     """Move every file of a finished adapter dir into the run dir (each a rename)."""
     for name in os.listdir(src_dir):
@@ -532,7 +510,7 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
              "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
              "output": cfg.output, **({"eval_loss": last["eval_loss"]} if "eval_loss" in last else {})}
     finish(cfg, model, tokenizer, dist)
-    log(f"done: {total} steps in {elapsed:.0f}s, final loss {final['final_loss']:.4f}; adapter saved to {cfg.output}")
+    log(f"done: {total} steps in {elapsed:.0f}s, final loss {final['final_loss']:.4f}; saved to {cfg.output}")
     return final
 
 
@@ -680,15 +658,6 @@ def restore_training_state(blob: dict, model, optimizer, scheduler, dist: distri
     per_rank = blob["rng"].get("torch_rng_per_rank") or [blob["rng"]["torch_rng"]]
     torch.set_rng_state(per_rank[dist.rank] if len(per_rank) == dist.world_size else per_rank[0])
     return blob["step"]
-
-
-def load_checkpoint(run_dir: str, model, optimizer, scheduler) -> int:
-    """One-process resume: weights, optimizer, scheduler and RNG of the last checkpoint; returns its step."""
-    from peft import set_peft_model_state_dict
-
-    blob = read_checkpoint(run_dir)
-    set_peft_model_state_dict(model, blob["weights"])
-    return restore_training_state(blob, model, optimizer, scheduler)
 
 
 def _truncate_metrics(path: str, step: int) -> None:
