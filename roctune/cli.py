@@ -46,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Library deprecation notices and bitsandbytes' note about an optional CPU kernel package say nothing a
+    # user can act on; keep the terminal for roctune's own messages.
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
