@@ -469,7 +469,7 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
                     optimizer.zero_grad(set_to_none=True)  # drop the half-accumulated step and free memory
                     free_memory(setup.device)
                     if not cfg.auto_batch or micro_size == 1 or dist.enabled:
-                        raise out_of_memory_error(cfg, step + 1, micro_size) from None
+                        raise out_of_memory_error(cfg, setup, step + 1, micro_size) from None
                     micro_size = (micro_size + 1) // 2
                     log(f"out of memory at step {step + 1}: retrying with {micro_size} examples per micro-batch "
                         f"and {math.ceil(cfg.batch_size / micro_size) * cfg.grad_accum}x accumulation "
@@ -535,9 +535,21 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def out_of_memory_error(cfg: TrainConfig, step: int, micro_size: int) -> RoctuneError:
-    """The error that stops a run out of memory: what happened and the concrete options."""
+def out_of_memory_error(cfg: TrainConfig, setup: Setup, step: int, micro_size: int) -> RoctuneError:
+    """The error that stops a run out of memory: what happened, the estimate and the concrete options."""
     from roctune.errors import EnvironmentProblem
+
+    estimate_text = ""
+    try:
+        from roctune.memory import estimate
+
+        est = estimate(setup.base_model, method=cfg.method, batch_size=micro_size, max_length=cfg.max_length,
+                       lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
+                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn, lora_dropout=cfg.lora_dropout,
+                       device=setup.device)
+        estimate_text = f" (estimated peak {est.total_bytes / 2**30:.1f} GiB)"
+    except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not hide the error
+        pass
 
     half = max(1, micro_size // 2)
     options = ["--auto-batch (retries with smaller micro-batches and more accumulation, same effective batch)",
@@ -550,7 +562,7 @@ def out_of_memory_error(cfg: TrainConfig, step: int, micro_size: int) -> Roctune
     model = f" --model {cfg.model}" if cfg.model else ""
     return EnvironmentProblem(
         f"out of memory at step {step} with {micro_size} examples per micro-batch of up to {cfg.max_length} "
-        f"tokens; try {'; or '.join(options)}. `roctune estimate{model} --batch-size {micro_size} "
+        f"tokens{estimate_text}; try {'; or '.join(options)}. `roctune estimate{model} --batch-size {micro_size} "
         f"--max-length {cfg.max_length} --suggest` shows what fits")
 
 

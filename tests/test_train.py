@@ -226,6 +226,7 @@ def test_out_of_memory_without_auto_batch_stops_with_options(tiny_model_dir, alp
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert len(err) == 1 and "out of memory at step 1 with 4 examples per micro-batch" in err[0]
+    assert "estimated peak" in err[0] and "GiB" in err[0]
     assert "--auto-batch" in err[0] and "--batch-size 2 --grad-accum 2" in err[0] and "--grad-checkpointing" in err[0]
     leftovers = [n for n in os.listdir(out) if n.startswith((".tmp", "checkpoint-"))]
     assert leftovers == []  # no half-written checkpoint
