@@ -258,7 +258,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool =
     if cfg.eval_ratio > 0 and not eval_ex:
         train_ex, eval_ex = split_eval(train_ex, cfg.eval_ratio, cfg.seed)
 
-    _warn_memory(cfg, base_model, setup, log)
+    n_tok = sum(len(e.input_ids) for e in train_ex)
+    _warn_memory(cfg, base_model, setup, log, sum(e.n_supervised for e in train_ex) / max(1, n_tok))
     from roctune.methods import build_model, warn_full_memory
 
     warn_full_memory(cfg, base_model, setup, log)
@@ -288,7 +289,7 @@ def attach_lora(model, cfg: TrainConfig):
     return attach(model, cfg)
 
 
-def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log) -> None:
+def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log, supervised_fraction: float = 1.0) -> None:
     """Estimate memory before loading the model and warn when the run will not fit the GPU."""
     if setup.device != "cuda":
         return
@@ -300,7 +301,9 @@ def _warn_memory(cfg: TrainConfig, base_model: str, setup: Setup, log) -> None:
         est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
                        lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
                        grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
-                       freeze_trainable_layers=abs(cfg.freeze_trainable_layers))
+                       freeze_trainable_layers=abs(cfg.freeze_trainable_layers), lora_dropout=cfg.lora_dropout,
+                       grad_accum=cfg.grad_accum, padded=not setup.packed,
+                       supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0)
         free, total = torch.cuda.mem_get_info()
         if not est.fits(total):
             log(f"warning: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds this GPU's "
