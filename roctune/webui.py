@@ -551,7 +551,7 @@ def build_app(run_root: str = "runs"):
                     t_model = gr.Textbox(label="model (local dir or hub id)", value="",
                                          placeholder="bundled SmolLM2-135M-Instruct", scale=2, elem_id="rt-model")
                     t_method = gr.Dropdown(list(METHODS), value="lora", label="method",
-                                           info="roctune train runs lora; the others are for the estimate")
+                                           info="qlora: 4-bit base (bitsandbytes); freeze: last 2 layers; full: all weights")
                     t_device = gr.Dropdown(["auto", "cuda", "cpu"], value="auto", label="device")
                     t_dtype = gr.Dropdown(["auto", "bf16", "fp16", "fp32"], value="auto", label="dtype")
                     t_attn = gr.Dropdown(["auto", "eager", "sdpa", "flash_attention_2"], value="auto",
