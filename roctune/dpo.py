@@ -292,26 +292,9 @@ def train_dpo(cfg, setup, base_model: str, tokenizer, records: list[Pair], eval_
     import torch
 
     from roctune import train as T
-    from roctune.data import split_eval
-    from roctune.methods import build_model
 
-    pairs, dropped = tokenize_pairs(tokenizer, records, cfg.max_length)
-    eval_pairs, _ = tokenize_pairs(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
-    if dropped:
-        log(f"warning: {dropped} pair(s) dropped: --max-length {cfg.max_length} cut off a whole answer")
-    if not pairs:
-        raise DataError(f"no trainable pairs left (all {len(records)} lost an answer to --max-length "
-                        f"{cfg.max_length}); raise --max-length")
-    if cfg.eval_ratio > 0 and not eval_pairs:
-        pairs, eval_pairs = split_eval(pairs, cfg.eval_ratio, cfg.seed)
-
-    model = build_model(cfg, setup, base_model, log)
-    if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_all = sum(p.numel() for p in model.parameters())
-    log(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
+    pairs, eval_pairs = T.tokenize_splits(tokenize_pairs, tokenizer, records, eval_records, cfg, log, "pair")
+    model = T.build_trainable(cfg, setup, base_model, log)
 
     os.makedirs(cfg.output, exist_ok=True)
     if cfg.overwrite:

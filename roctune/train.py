@@ -248,28 +248,13 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool =
         from roctune.dpo import train_dpo
 
         return train_dpo(cfg, setup, base_model, tokenizer, records, eval_records, log, progress)
-    train_ex, dropped = tokenize_records(tokenizer, records, cfg.max_length)
-    eval_ex, _ = tokenize_records(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
-    if dropped:
-        log(f"warning: {dropped} example(s) dropped: --max-length {cfg.max_length} cut off their whole answer")
-    if not train_ex:
-        raise DataError(f"no trainable examples left (all {len(records)} lost their answer to --max-length "
-                        f"{cfg.max_length}); raise --max-length")
-    if cfg.eval_ratio > 0 and not eval_ex:
-        train_ex, eval_ex = split_eval(train_ex, cfg.eval_ratio, cfg.seed)
-
+    train_ex, eval_ex = tokenize_splits(tokenize_records, tokenizer, records, eval_records, cfg, log, "example")
     n_tok = sum(len(e.input_ids) for e in train_ex)
     _warn_memory(cfg, base_model, setup, log, sum(e.n_supervised for e in train_ex) / max(1, n_tok))
-    from roctune.methods import build_model, warn_full_memory
+    from roctune.methods import warn_full_memory
 
     warn_full_memory(cfg, base_model, setup, log)
-    model = build_model(cfg, setup, base_model, log)  # lora, qlora (4-bit base), freeze or full
-    if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_all = sum(p.numel() for p in model.parameters())
-    log(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
+    model = build_trainable(cfg, setup, base_model, log)
 
     if dist.is_main:
         os.makedirs(cfg.output, exist_ok=True)
@@ -280,6 +265,37 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool =
     result = run_loop(cfg, setup, model, tokenizer, train_ex, eval_ex, log, progress, dist)
     distributed.shutdown(dist)
     return result
+
+
+def tokenize_splits(tokenize, tokenizer, records: list, eval_records: list, cfg: TrainConfig, log, noun: str):
+    """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
+    warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
+    the training items when no eval data was given."""
+    train_items, dropped = tokenize(tokenizer, records, cfg.max_length)
+    eval_items, _ = tokenize(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
+    if dropped:
+        log(f"warning: {dropped} {noun}(s) dropped: --max-length {cfg.max_length} cut off a whole answer")
+    if not train_items:
+        raise DataError(f"no trainable {noun}s left (all {len(records)} lost an answer to --max-length "
+                        f"{cfg.max_length}); raise --max-length")
+    if cfg.eval_ratio > 0 and not eval_items:
+        train_items, eval_items = split_eval(train_items, cfg.eval_ratio, cfg.seed)
+    return train_items, eval_items
+
+
+def build_trainable(cfg: TrainConfig, setup: Setup, base_model: str, log):
+    """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
+    when asked; logs how many parameters train."""
+    from roctune.methods import build_model
+
+    model = build_model(cfg, setup, base_model, log)
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    log(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
+    return model
 
 
 def attach_lora(model, cfg: TrainConfig):
