@@ -451,17 +451,8 @@ def _llamafactory_record(obj: dict, src: Source, where: str) -> dict:
     role_map = {src.tags.get("user_tag", "human"): "user", src.tags.get("assistant_tag", "gpt"): "assistant",
                 src.tags.get("system_tag", "system"): "system"}
     turns = _maybe_json(obj.get(key), where, key)
-    if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: field '{key}' must be a non-empty list")
-    msgs = []
-    for j, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise DataError(f"{where}: field '{key}[{j}]' must be an object")
-        role = turn.get(role_tag)
-        if role not in role_map:
-            raise DataError(f"{where}: field '{key}[{j}].{role_tag}' is {role!r}; expected one of "
-                            f"{', '.join(map(repr, role_map))} (the tags in dataset_info.json)")
-        msgs.append({"role": role_map[role], "content": _text(turn, content_tag, f"{where}: {key}[{j}]")})
+    msgs = parse_turns(turns, where, key, role_tag, content_tag, role_map,
+                       f"{', '.join(map(repr, role_map))} (the tags in dataset_info.json)")
     out = {"messages": msgs}
     if cols.get("system"):
         out["system"] = _text(obj, cols["system"], where, required=False)
@@ -548,6 +539,23 @@ def _text(obj: dict, key: str, where: str, required: bool = True) -> str:
     return value
 
 
+def parse_turns(turns, where: str, key: str, role_key: str, content_key: str, role_map: dict[str, str],
+                expected: str) -> list[dict[str, str]]:
+    """A list of {role_key, content_key} turns as a conversation, roles mapped through `role_map`; errors name
+    the turn's field and say which roles are `expected`."""
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: field '{key}' must be a non-empty list")
+    msgs = []
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: field '{key}[{j}]' must be an object")
+        role = turn.get(role_key)
+        if role not in role_map:
+            raise DataError(f"{where}: field '{key}[{j}].{role_key}' is {role!r}; expected one of {expected}")
+        msgs.append({"role": role_map[role], "content": _text(turn, content_key, f"{where}: {key}[{j}]")})
+    return msgs
+
+
 def to_messages(obj: dict, where: str) -> list[dict[str, str]]:
     """Convert one record of any supported format to a conversation. Raises DataError naming the field."""
     fmt = detect_format(obj)
@@ -581,19 +589,8 @@ def to_messages(obj: dict, where: str) -> list[dict[str, str]]:
     else:
         key, role_key, content_key = (("messages", "role", "content") if fmt == "messages"
                                       else ("conversations", "from", "value"))
-        turns = obj[key]
-        if not isinstance(turns, list) or not turns:
-            raise DataError(f"{where}: field '{key}' must be a non-empty list")
-        msgs = []
-        for j, turn in enumerate(turns):
-            if not isinstance(turn, dict):
-                raise DataError(f"{where}: field '{key}[{j}]' must be an object")
-            role = turn.get(role_key)
-            if role not in ROLE_ALIASES:
-                raise DataError(f"{where}: field '{key}[{j}].{role_key}' is {role!r}; expected one of "
-                                "system, user, assistant (or human, gpt)")
-            content = _text(turn, content_key, f"{where}: {key}[{j}]")
-            msgs.append({"role": ROLE_ALIASES[role], "content": content})
+        msgs = parse_turns(obj[key], where, key, role_key, content_key, ROLE_ALIASES,
+                           "system, user, assistant (or human, gpt)")
         if not any(m["role"] == "assistant" for m in msgs):
             raise DataError(f"{where}: field '{key}' has no assistant turn to learn from")
         if msgs[0]["role"] == "assistant":

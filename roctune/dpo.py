@@ -345,12 +345,7 @@ def train_dpo(cfg, setup, base_model: str, tokenizer, records: list[Pair], eval_
                 sums["chosen"] += float(ch.detach().sum())
                 sums["rejected"] += float(rj.detach().sum())
                 sums["acc"] += float((ch > rj).float().sum())
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            lr = T.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm)
             done = step + 1
             step_loss = sums["loss"] / n_pairs
             losses.append(step_loss)

@@ -498,12 +498,7 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
                     distributed.sum_gradients(dist, params)
                 step_loss, n_tok = distributed.sum_numbers(dist, [step_loss, n_tok], setup.device)
                 n_tok = int(n_tok)
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            lr = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm)
             tokens_done += n_tok
             dt = time.perf_counter() - t0
             losses.append(step_loss)
@@ -531,6 +526,19 @@ def run_loop(cfg: TrainConfig, setup: Setup, model, tokenizer, train_ex, eval_ex
     finish(cfg, model, tokenizer, dist)
     log(f"done: {total} steps in {elapsed:.0f}s, final loss {final['final_loss']:.4f}; saved to {cfg.output}")
     return final
+
+
+def optimizer_step(params, optimizer, scheduler, max_grad_norm: float) -> float:
+    """Clip, step, advance the schedule and clear gradients; returns the learning rate the step used."""
+    import torch
+
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lr
 
 
 # ----------------------------------------------------------------------------------------- out of memory
