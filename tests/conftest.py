@@ -60,3 +60,16 @@ def alpaca_file(tmp_path) -> str:
 
 
 IDENTITY = os.path.join(REPO, "examples", "identity.jsonl")
+
+
+def run_train(cfg):
+    """Train quietly; returns (summary, logged lines)."""
+    from roctune.train import train
+
+    lines = []
+    return train(cfg, log=lines.append, progress=False), lines
+
+
+def read_metrics(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,10 +1,11 @@
 """--stage dpo: preference data formats and errors, exact answer masks, and training that widens the
 chosen-vs-rejected reward margin (from a fresh adapter and from an SFT adapter)."""
 import json
-import os
 
 import pytest
 
+from conftest import read_metrics as metrics
+from conftest import run_train as run
 from conftest import write_jsonl
 from roctune.config import TrainConfig
 from roctune.errors import DataError
@@ -23,18 +24,6 @@ def make_cfg(data, output, model, **kw) -> TrainConfig:
                 target_modules=["all-linear"])
     base.update(kw)
     return TrainConfig(**base)
-
-
-def run(cfg):
-    from roctune.train import train
-
-    lines = []
-    return train(cfg, log=lines.append, progress=False), lines
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # ---------------------------------------------------------------------------------------------- formats

@@ -8,6 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import read_metrics as metrics
+from conftest import run_train as run
 from roctune.config import TrainConfig
 from roctune.errors import ConfigError, EnvironmentProblem
 
@@ -17,18 +19,6 @@ def make_cfg(data, output, model, **kw) -> TrainConfig:
                 grad_accum=1, max_length=64, lr=1e-3, lora_dropout=0.0)
     base.update(kw)
     return TrainConfig(**base)
-
-
-def run(cfg):
-    from roctune.train import train
-
-    lines = []
-    return train(cfg, log=lines.append, progress=False), lines
-
-
-def metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def changed_keys(before: dict, after: dict) -> set[str]:
