@@ -100,17 +100,14 @@ def _train_config(w: Workload, output: str):
 
 
 def run_roctune(w: Workload) -> dict:
-    from roctune.train import METRICS_FILE, train
+    from roctune import rundir
+    from roctune.recipes import train
 
     with tempfile.TemporaryDirectory(prefix="roctune-bench-") as out:
         cfg = _train_config(w, out)
         summary = train(cfg, log=lambda s: print(s, file=sys.stderr), progress=False)
-        with open(os.path.join(out, METRICS_FILE), encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        import yaml
-
-        with open(os.path.join(out, "run.yaml"), encoding="utf-8") as f:
-            resolved = yaml.safe_load(f)["resolved"]
+        rows = rundir.read_metrics(out)
+        resolved = rundir.read_run(out)["resolved"]
     return {"losses": [r["loss"] for r in rows], "step_times": [r["step_time_s"] for r in rows],
             "tokens": sum(r["tokens"] for r in rows), "supervised_tokens": sum(r["supervised_tokens"] for r in rows),
             "device": resolved["device"], "dtype": resolved["dtype"], "attn": resolved["attn"],
@@ -132,7 +129,7 @@ def run_baseline(w: Workload) -> dict:
     from roctune.data import load_records, tokenize_records
     from roctune.env import choose_device, choose_dtype, torch_dtype
     from roctune.models import load_tokenizer, resolve_model
-    from roctune.train import _plan
+    from roctune.training.batching import plan_steps
 
     cfg = _train_config(w, "unused")
     base = resolve_model(w.model)
@@ -142,7 +139,7 @@ def run_baseline(w: Workload) -> dict:
     examples, _ = tokenize_records(tok, load_records(w.data), w.max_length)
     import dataclasses
 
-    steps, _ = _plan(dataclasses.replace(cfg, group_by_length=False), examples)
+    steps, _ = plan_steps([len(e.input_ids) for e in examples], dataclasses.replace(cfg, group_by_length=False))
     order = [i for step in steps for mb in step for i in mb]
 
     class Ordered(Dataset):
@@ -299,7 +296,7 @@ def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | No
         result["mean_loss_rel_diff"] = abs(ours["mean_loss"] - base["mean_loss"]) / base["mean_loss"]
         result["memory_ratio"] = ours["peak_memory_bytes"] / base["peak_memory_bytes"]
     if json_out:
-        from roctune.train import atomic_write_text
+        from roctune.rundir import atomic_write_text
 
         atomic_write_text(json_out, json.dumps(result, indent=2))
     if own_data:

@@ -1,8 +1,18 @@
-"""Training configuration: one dataclass with help text, filled from defaults, a YAML file and
-`key=value` overrides (in that order, later wins), then validated with errors that name the key."""
+"""Training settings, declared once.
+
+Each setting is one dataclass field made by `setting()`: its type, default, help, choices and bounds. From those
+declarations come the `roctune train` flags (`add_flags`), the YAML file and `key=value` overrides (`apply`, with
+LLaMA-Factory's names as aliases), the web UI's form (`form_fields`) and the range checks (`TrainConfig.validate`).
+Order of precedence: defaults, then --config FILE.yaml, then flags, then key=value overrides.
+
+`trust_remote_code` is taken only from the command line: a YAML file or an override that sets it is refused, so
+a config file someone sent you cannot make roctune run a model repository's code.
+"""
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,65 +20,106 @@ from typing import Any
 from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
+METHODS = ("lora", "qlora", "freeze", "full")
+STAGES = ("sft", "dpo")
+
+# Other names users know a setting by (LLaMA-Factory's spelling).
+ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method"}
+
+
+def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float | None = None,
+            gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,
+            metavar: str | None = None, group: str = "training", cli_only: bool = False,
+            aliases: tuple[str, ...] = ()) -> Any:
+    """One setting. `ge/gt/le/lt` bound numbers (NaN and infinity are always refused); `repeat` makes a list
+    flag repeatable (--data a --data b) instead of taking several values; `cli_only` settings cannot come from a
+    file; `aliases` are extra flag names; `group` places the flag in --help and the web UI."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
+            "metavar": metavar, "group": group, "cli_only": cli_only, "aliases": aliases}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class TrainConfig:
-    data: list[str] = field(default_factory=list, metadata={"help": "training data files (repeatable)"})
-    output: str = field(default="", metadata={"help": "run directory for the adapter, logs and checkpoints"})
-    model: str | None = field(default=None, metadata={"help": "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)"})
-    method: str = field(default="lora", metadata={"help": "lora, qlora (4-bit base), freeze (last N layers) or full"})
-    stage: str = field(default="sft", metadata={"help": "sft (supervised answers) or dpo (preference pairs)"})
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter dir to start from (e.g. an SFT run for dpo)"})
-    beta: float = field(default=0.1, metadata={"help": "DPO beta: how far the policy may move from the reference"})
-    eval_data: list[str] = field(default_factory=list, metadata={"help": "evaluation data files"})
-    eval_ratio: float = field(default=0.0, metadata={"help": "hold out this fraction of the training data for evaluation"})
-    max_steps: int = field(default=-1, metadata={"help": "optimizer steps (overrides --epochs when > 0)"})
-    epochs: float = field(default=1.0, metadata={"help": "passes over the training data"})
-    lr: float = field(default=2e-4, metadata={"help": "peak learning rate"})
-    lr_scheduler: str = field(default="linear", metadata={"help": "linear, cosine or constant"})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "fraction of steps spent warming up the learning rate"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 turns it off)"})
-    batch_size: int = field(default=2, metadata={"help": "examples per micro-batch"})
-    grad_accum: int = field(default=4, metadata={"help": "micro-batches per optimizer step"})
-    max_length: int = field(default=512, metadata={"help": "tokens per example; longer ones are truncated"})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
-    lora_alpha: float = field(default=16, metadata={"help": "LoRA alpha (scale = alpha / r)"})
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
-    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES),
-                                      metadata={"help": "modules to adapt, or all-linear"})
-    use_dora: bool = field(default=False, metadata={"help": "DoRA: weight-decomposed LoRA"})
-    use_rslora: bool = field(default=False, metadata={"help": "rank-stabilized LoRA (scale = alpha / sqrt(r))"})
-    modules_to_save: list[str] = field(default_factory=list,
-                                       metadata={"help": "modules trained in full next to LoRA (e.g. lm_head)"})
-    freeze_trainable_layers: int = field(default=2, metadata={"help": "freeze: train the last N layers (N < 0: the first |N|)"})
-    freeze_trainable_modules: list[str] = field(default_factory=lambda: ["all"],
-                                                metadata={"help": "freeze: modules inside those layers to train (e.g. mlp), or all"})
-    freeze_extra_modules: list[str] = field(default_factory=list,
-                                            metadata={"help": "freeze: modules outside the layers to train too (e.g. norm)"})
-    seed: int = field(default=42, metadata={"help": "random seed (data order, LoRA init, dropout)"})
-    save_steps: int = field(default=0, metadata={"help": "save a checkpoint every N steps (0: only at the end)"})
-    save_total_limit: int = field(default=2, metadata={"help": "checkpoints to keep"})
-    logging_steps: int = field(default=1, metadata={"help": "log every N steps"})
-    eval_steps: int = field(default=0, metadata={"help": "evaluate every N steps (0: at the end only)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the last checkpoint in --output"})
-    overwrite: bool = field(default=False, metadata={"help": "replace a previous run in --output"})
-    device: str = field(default="auto", metadata={"help": "auto, cuda (also ROCm) or cpu"})
-    dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32"})
-    attn: str = field(default="auto", metadata={"help": "auto, eager, sdpa or flash_attention_2"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "run the model repository's own code (off by default)"})
-    auto_batch: bool = field(default=False, metadata={"help": "after an out-of-memory error, retry with half the micro-batch and twice the accumulation"})
-    grad_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in backward: less memory, ~30% slower"})
-    group_by_length: bool = field(default=True, metadata={"help": "batch examples of similar length together (less padding)"})
-    packing: str = field(default="auto", metadata={"help": "padding-free micro-batches: auto, on or off"})
-    loss_on_supervised_only: bool = field(default=True, metadata={"help": "compute the output layer only where labels are trained"})
-    nproc: int = field(default=1, metadata={"help": "processes on this machine (one per GPU; CPU: gloo with --device cpu)"})
-    nnodes: int = field(default=1, metadata={"help": "machines taking part in the run"})
-    node_rank: int = field(default=0, metadata={"help": "this machine's number, 0..nnodes-1 (0 writes the outputs)"})
-    master_addr: str = field(default="", metadata={"help": "address of the node with node_rank 0 (needed with nnodes > 1)"})
-    master_port: int = field(default=0, metadata={"help": "free TCP port on that node (0: 29500, or any free port on one machine)"})
-    fsdp: bool = field(default=False, metadata={"help": "shard weights, gradients and optimizer state over the processes (FSDP)"})
+    # ---- what to train on, and where the run goes
+    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json)",
+                              repeat=True, metavar="PATH", group="data")
+    output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data")
+    eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data")
+    eval_ratio: float = setting(0.0, "hold out this fraction of the training data for evaluation", ge=0, lt=1,
+                                group="data")
+    max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data")
+    # ---- model and method
+    model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
+                                metavar="NAME", group="model")
+    method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
+                          "last N layers; full: every parameter", choices=METHODS, group="model")
+    stage: str = setting("sft", "sft (supervised answers) or dpo (preference pairs: prompt/chosen/rejected, or "
+                         "LLaMA-Factory ranking data)", choices=STAGES, group="model")
+    adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
+                                  group="model")
+    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model")
+    trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
+                                      group="model", cli_only=True)
+    # ---- optimisation
+    max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)")
+    epochs: float = setting(1.0, "passes over the training data", ge=0)
+    lr: float = setting(2e-4, "peak learning rate", gt=0)
+    lr_scheduler: str = setting("linear", "learning-rate schedule after warm-up", choices=("linear", "cosine", "constant"))
+    warmup_ratio: float = setting(0.0, "fraction of steps spent warming up the learning rate", ge=0, le=1)
+    weight_decay: float = setting(0.0, "AdamW weight decay", ge=0)
+    max_grad_norm: float = setting(1.0, "gradient clipping norm (0 turns it off)", ge=0)
+    batch_size: int = setting(2, "examples per micro-batch", gt=0)
+    grad_accum: int = setting(4, "micro-batches per optimizer step", gt=0)
+    seed: int = setting(42, "random seed (data order, LoRA init, dropout)", ge=0, lt=2**63)
+    group_by_length: bool = setting(True, "batch examples of similar length together (less padding)")
+    packing: str = setting("auto", "padding-free micro-batches", choices=("auto", "on", "off"))
+    loss_on_supervised_only: bool = setting(True, "compute the output layer only where labels are trained")
+    grad_checkpointing: bool = setting(False, "recompute activations in backward: less memory, ~30% slower")
+    auto_batch: bool = setting(False, "after an out-of-memory error, retry with half the micro-batch and twice the "
+                               "accumulation (same examples per step)")
+    # ---- LoRA and freeze
+    lora_r: int = setting(8, "LoRA rank", gt=0, group="lora")
+    lora_alpha: float = setting(16, "LoRA alpha (scale = alpha / r)", gt=0, group="lora")
+    lora_dropout: float = setting(0.05, "LoRA dropout", ge=0, lt=1, group="lora")
+    target_modules: list[str] = setting(DEFAULT_TARGET_MODULES, "modules to adapt, or all-linear", metavar="NAME",
+                                        group="lora", aliases=("--lora-target",))
+    use_dora: bool = setting(False, "DoRA: weight-decomposed LoRA (slower, often better at low rank)", group="lora")
+    use_rslora: bool = setting(False, "rank-stabilized LoRA (scale = alpha / sqrt(r))", group="lora")
+    modules_to_save: list[str] = setting([], "modules trained in full next to LoRA (e.g. lm_head)", metavar="NAME",
+                                         group="lora")
+    freeze_trainable_layers: int = setting(2, "freeze: train the last N layers (N < 0: the first |N|)", group="lora")
+    freeze_trainable_modules: list[str] = setting(["all"], "freeze: modules inside those layers to train (e.g. mlp), "
+                                                  "or all", metavar="NAME", group="lora")
+    freeze_extra_modules: list[str] = setting([], "freeze: modules outside the layers to train too (e.g. norm)",
+                                              metavar="NAME", group="lora")
+    # ---- logging, evaluation, checkpoints
+    save_steps: int = setting(0, "save a checkpoint every N steps (0: only at the end)", ge=0, group="run")
+    save_total_limit: int = setting(2, "checkpoints to keep (0: all)", ge=0, group="run")
+    logging_steps: int = setting(1, "log every N steps", gt=0, group="run")
+    eval_steps: int = setting(0, "evaluate every N steps (0: at the end only)", ge=0, group="run")
+    resume: bool = setting(False, "continue from the last checkpoint in --output", group="run")
+    overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run")
+    # ---- hardware
+    device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=("auto", "cuda", "cpu"), group="hardware")
+    dtype: str = setting("auto", "auto: bf16/fp16 on GPU, fp32 on CPU", choices=("auto", "bf16", "fp16", "fp32"),
+                         group="hardware")
+    attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
+                        group="hardware")
+    # ---- several processes
+    nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
+                         "(gloo)", ge=1, metavar="N", group="processes")
+    fsdp: bool = setting(False, "shard the model over the processes (FSDP) instead of a full copy in each",
+                         group="processes")
+    nnodes: int = setting(1, "machines taking part; run the same command on each with its own --node-rank", ge=1,
+                          metavar="N", group="processes")
+    node_rank: int = setting(0, "this machine's number, 0..nnodes-1 (0 writes the outputs)", ge=0, metavar="I",
+                             group="processes")
+    master_addr: str = setting("", "address of node 0, reachable from every node", metavar="HOST", group="processes")
+    master_port: int = setting(0, "free TCP port on node 0 (0: 29500, or any free port on one machine)", ge=0,
+                               le=65535, metavar="PORT", group="processes")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -78,40 +129,24 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def validate(self) -> "TrainConfig":
+        """Bounds and choices of every field, then the settings that conflict with each other."""
+        for f in dataclasses.fields(self):
+            check_value(f, getattr(self, f.name))
         if not self.data:
             raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion JSON/JSONL)")
         if not self.output:
             raise ConfigError("no output directory: pass --output DIR")
-        positive = {"batch_size": self.batch_size, "grad_accum": self.grad_accum, "max_length": self.max_length,
-                    "lora_r": self.lora_r}
-        for k, v in positive.items():
-            if v <= 0:
-                raise ConfigError(f"{k.replace('_', '-')} must be > 0 (got {v})")
+        self._check_conflicts()
+        return self
+
+    def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ConfigError("set --epochs > 0 or --max-steps > 0")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be > 0 (got {self.lr})")
-        if not 0 <= self.eval_ratio < 1:
-            raise ConfigError(f"eval-ratio must be in [0, 1) (got {self.eval_ratio})")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"lora-dropout must be in [0, 1) (got {self.lora_dropout})")
-        if self.lr_scheduler not in ("linear", "cosine", "constant"):
-            raise ConfigError(f"lr-scheduler must be linear, cosine or constant (got {self.lr_scheduler!r})")
-        if self.packing not in ("auto", "on", "off"):
-            raise ConfigError(f"packing must be auto, on or off (got {self.packing!r})")
-        if self.method not in ("lora", "qlora", "freeze", "full"):
-            raise ConfigError(f"method {self.method!r} is not supported; use lora, qlora, freeze or full")
-        if self.stage not in ("sft", "dpo"):
-            raise ConfigError(f"stage {self.stage!r} is not supported; use sft or dpo")
-        if self.beta <= 0:
-            raise ConfigError(f"beta must be > 0 (got {self.beta})")
-        if self.stage == "dpo" and (self.resume or self.save_steps):
-            raise ConfigError("--stage dpo does not write or resume checkpoints yet; drop --resume/--save-steps")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
         if self.method == "qlora" and self.fsdp:
-            raise ConfigError("--fsdp with --method qlora is not supported (4-bit weights are not sharded); "
-                              "drop --fsdp: each process then holds its own 4-bit copy")
-        if self.stage == "dpo" and self.nproc * self.nnodes > 1:
-            raise ConfigError("--stage dpo runs in one process for now; drop --nproc/--nnodes")
+            raise ConfigError("--fsdp cannot shard a 4-bit (qlora) base model; use --method lora with --fsdp, "
+                              "or qlora without --fsdp")
         if self.resume and self.method in ("freeze", "full"):
             raise ConfigError(f"--resume is not supported with --method {self.method} yet (checkpoints of a "
                               "whole model are saved but not reloaded); start a new run")
@@ -121,32 +156,58 @@ class TrainConfig:
             raise ConfigError(f"--use-dora is a LoRA variant; it does not apply to --method {self.method}")
         if not self.freeze_trainable_modules:
             raise ConfigError("freeze-trainable-modules is empty; name modules (e.g. mlp self_attn) or all")
-        for k, low in (("nproc", 1), ("nnodes", 1), ("node_rank", 0), ("master_port", 0)):
-            if getattr(self, k) < low:
-                raise ConfigError(f"{k.replace('_', '-')} must be >= {low} (got {getattr(self, k)})")
         if self.node_rank >= self.nnodes:
-            raise ConfigError(f"node-rank must be in 0..{self.nnodes - 1} for nnodes {self.nnodes} (got {self.node_rank})")
-        if self.master_port > 65535:
-            raise ConfigError(f"master-port must be a TCP port, 1..65535 (got {self.master_port})")
+            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes} (got {self.node_rank})")
         if self.fsdp and self.nproc * self.nnodes < 2:
             raise ConfigError("--fsdp shards the model over several processes; add --nproc N (N >= 2)")
-        if self.fsdp and self.method == "qlora":
-            raise ConfigError("--fsdp cannot shard a 4-bit (qlora) base model; use --method lora with --fsdp, "
-                              "or qlora without --fsdp")
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj) or all-linear")
-        return self
 
 
-def _coerce(name: str, value: Any, current: Any, annotation: str) -> Any:
-    """Turn a YAML or `key=value` string into the field's type, with an error naming the key."""
-    if "list" in annotation:
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_value(f: dataclasses.Field, value: Any) -> None:
+    """The field's own rules: choices, finite numbers, bounds; the error names the flag."""
+    meta = f.metadata
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not math.isfinite(value):
+        raise ConfigError(f"{flag(f.name)} must be a finite number (got {value})")
+    for key, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                          ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+        bound = meta.get(key)
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{flag(f.name)} must be {word} {bound:g} (got {value:g})")
+
+
+def fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(TrainConfig))
+
+
+def kind(f: dataclasses.Field) -> str:
+    """'bool', 'int', 'float', 'list' or 'str' (optional strings too)."""
+    t = str(f.type)
+    for k in ("list", "bool", "int", "float"):
+        if t.startswith(k):
+            return k
+    return "str"
+
+
+# ------------------------------------------------------------------------------ values from text and files
+def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
+    """A YAML, flag or `key=value` value as the field's type, with an error naming the key."""
+    k = kind(f)
+    if k == "list":
         if isinstance(value, str):
             return [v for v in value.replace(",", " ").split() if v]
         if isinstance(value, list):
             return [str(v) for v in value]
         raise ConfigError(f"{name}: expected a list, got {value!r}")
-    if annotation.startswith("bool"):
+    if k == "bool":
         if isinstance(value, bool):
             return value
         s = str(value).strip().lower()
@@ -155,35 +216,37 @@ def _coerce(name: str, value: Any, current: Any, annotation: str) -> Any:
         if s in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    if annotation.startswith("int"):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
-    if annotation.startswith("float"):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
-    if value is None:
-        return None
-    return str(value)
+    if k in ("int", "float"):
+        return _number(name, value, int if k == "int" else float)
+    return None if value is None else str(value)
 
 
-# Other names users know a setting by (LLaMA-Factory's spelling).
-ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method"}
+def _number(name: str, value: Any, typ: type) -> Any:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    try:
+        out = typ(value) if typ is float or not isinstance(value, float) else None
+    except (TypeError, ValueError, OverflowError):
+        out = None
+    if out is None or (typ is int and isinstance(value, str) and not value.strip().lstrip("+-").isdigit()):
+        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
+    return out
 
 
-def apply(cfg: TrainConfig, values: dict[str, Any], origin: str) -> TrainConfig:
-    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+def apply(cfg: TrainConfig, values: dict[str, Any], origin: str, from_cli: bool = False) -> TrainConfig:
+    """Set `values` (names with - or _, or an alias) on `cfg`. `origin` names the source in errors."""
+    by_name = {f.name: f for f in fields()}
     for raw_key, value in values.items():
-        key = str(raw_key).replace("-", "_")
-        key = ALIASES.get(key, key)
-        if key not in types:
-            close = [k for k in types if key[:4] in k]
+        key = ALIASES.get(str(raw_key).replace("-", "_"), str(raw_key).replace("-", "_"))
+        if key not in by_name:
+            close = [k for k in by_name if key[:4] in k]
             hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
             raise ConfigError(f"{origin}: unknown setting '{raw_key}'{hint}")
-        setattr(cfg, key, _coerce(f"{origin}: {raw_key}", value, getattr(cfg, key), types[key]))
+        f = by_name[key]
+        if f.metadata.get("cli_only") and not from_cli:
+            raise ConfigError(f"{origin}: '{raw_key}' can only be given on the command line ({flag(key)}), "
+                              "never from a file or override")
+        setattr(cfg, key, coerce(f"{origin}: {raw_key}", value, f))
     return cfg
 
 
@@ -195,6 +258,10 @@ def load_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; save the config file as UTF-8") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -211,4 +278,72 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. lr=1e-4)")
         k, v = item.split("=", 1)
         out[k.strip()] = v.strip()
+    return out
+
+
+def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = None,
+                 overrides: list[str] | None = None) -> TrainConfig:
+    """Defaults, then the YAML file, then flags (the command line's), then key=value overrides."""
+    cfg = TrainConfig()
+    if yaml_path:
+        apply(cfg, load_yaml(yaml_path), yaml_path)
+    apply(cfg, flags or {}, "flag", from_cli=True)
+    apply(cfg, parse_overrides(overrides or []), "override")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------- CLI flags
+GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
+                "run": "logging, evaluation and checkpoints", "hardware": "hardware",
+                "processes": "several processes (effective batch = batch-size x grad-accum x processes)"}
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, generated from the declarations (use with argument_default=SUPPRESS, so only the
+    flags given reach `from_sources`)."""
+    groups = {k: parser.add_argument_group(title) for k, title in GROUP_TITLES.items()}
+    for f in fields():
+        meta, k = f.metadata, kind(f)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        help_text = meta["help"] + ("" if default in (None, "", [], False) or k == "bool" else f" (default {_show(default)})")
+        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
+        if k == "bool":
+            kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
+        elif k == "list":
+            kw.update(action="append" if meta["repeat"] else None, nargs=None if meta["repeat"] else "+",
+                      metavar=meta["metavar"])
+            kw = {a: b for a, b in kw.items() if b is not None}
+        else:
+            kw.update(type=_flag_type(f), metavar=meta["metavar"] or (None if meta["choices"] else k.upper()),
+                      choices=meta["choices"])
+        groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
+
+
+def _show(value: Any) -> str:
+    return " ".join(value) if isinstance(value, list) else str(value)
+
+
+def _flag_type(f: dataclasses.Field):
+    def parse(text: str):
+        try:
+            return coerce(flag(f.name), text, f)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = kind(f)
+    return parse
+
+
+# -------------------------------------------------------------------------------------------- web UI
+def form_fields(groups: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The settings as plain descriptions for a form: name, kind, default, help, choices, bounds, group."""
+    out = []
+    for f in fields():
+        meta = f.metadata
+        if groups and meta["group"] not in groups:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        out.append({"name": f.name, "kind": kind(f), "default": default, "help": meta["help"],
+                    "choices": meta["choices"], "group": meta["group"],
+                    "bounds": {b: meta[b] for b in ("ge", "gt", "le", "lt") if meta[b] is not None}})
     return out

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from roctune.data import render_prompt
+from roctune import rundir
 from roctune.errors import RoctuneError
 
 
@@ -27,22 +28,19 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
 
     base_name = model
     if adapter is not None and model is None:
-        from roctune.methods import is_full_model_dir
-
-        if os.path.isdir(adapter) and is_full_model_dir(adapter):
+        if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):
             # a freeze/full run saved the whole model: load it directly, with no adapter on top
             base_name, adapter = adapter, None
     if adapter is not None:
         if not os.path.isdir(adapter):
             raise RoctuneError(f"--adapter {adapter}: no such directory")
-        if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
-            raise RoctuneError(f"--adapter {adapter}: no adapter_config.json; is training finished?")
+        for name in (rundir.ADAPTER_CONFIG, rundir.ADAPTER_WEIGHTS):
+            if not os.path.isfile(os.path.join(adapter, name)):
+                raise RoctuneError(f"--adapter {adapter}: no {name}; is training finished?")
+        rundir.adapter_settings(adapter)  # a damaged adapter_config.json fails here with one line
         if base_name is None:
-            from roctune.train import read_run_yaml
-
-            run = read_run_yaml(adapter)
-            base_name = run.get("base_model")
-            trust_remote_code = trust_remote_code or bool(run.get("config", {}).get("trust_remote_code"))
+            # trust_remote_code is never taken from run.yaml: only the caller's own flag counts
+            base_name = rundir.read_run(adapter).get("base_model")
     base = resolve_model(base_name)
     dev = choose_device(device).value
     dt = choose_dtype(dtype, dev).value
@@ -53,9 +51,9 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     tokenizer = load_tokenizer(tok_source, trust_remote_code)
     m = None
     if adapter is not None:
-        from roctune.methods import bitsandbytes_problem, load_4bit, run_method
+        from roctune.methods import bitsandbytes_problem, load_4bit
 
-        if run_method(adapter) == "qlora" and bitsandbytes_problem(dev) is None:
+        if rundir.method(adapter) == "qlora" and bitsandbytes_problem(dev) is None:
             # answer with the model as trained (4-bit base + adapter), as `roctune merge` also checks against
             m = load_4bit(base, dt, dev, attn, trust_remote_code)
     if m is None:

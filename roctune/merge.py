@@ -3,12 +3,14 @@ Before saving, the merged model's logits are compared with the adapter model's o
 difference above the tolerance stops the merge."""
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
 
+from roctune import rundir
 from roctune.data import render_prompt
-from roctune.errors import RoctuneError
+from roctune.errors import ConfigError, EnvironmentProblem, RoctuneError
+
+MARKER = "roctune_merge.json"  # written into every merged directory: --overwrite replaces only such a directory
 
 CHECK_PROMPTS = [
     [{"role": "user", "content": "Who are you?"}],
@@ -17,28 +19,43 @@ CHECK_PROMPTS = [
 ]
 
 
+def check_output(adapter: str, output: str, overwrite: bool) -> None:
+    """The merged model never replaces what roctune did not write, nor the run it comes from."""
+    out, src = os.path.realpath(output), os.path.realpath(adapter)
+    if out == src or src.startswith(out + os.sep) or out.startswith(src + os.sep):
+        raise ConfigError(f"--output {output}: must be outside --adapter {adapter} (and not contain it); choose "
+                          "another directory")
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise ConfigError(f"--output {output}: the folder {parent} does not exist or is not writable")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--output {output}: exists and is not a directory; choose another --output")
+    if os.path.isdir(out) and os.listdir(out):
+        if not overwrite:
+            raise ConfigError(f"--output {output} is not empty; use --overwrite (for a previous merge) or another "
+                              "directory")
+        if not os.path.isfile(os.path.join(out, MARKER)):
+            raise ConfigError(f"--output {output} holds files that roctune merge did not write; --overwrite only "
+                              "replaces a previous merge: choose an empty or new directory")
+
+
 def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = False, log=print) -> dict:
     import torch
 
     from roctune.generate import load_for_inference
 
-    if os.path.exists(output) and os.listdir(output) and not overwrite:
-        raise RoctuneError(f"--output {output} is not empty; use --overwrite or another directory")
-    from roctune.methods import dequantized_merge, is_full_model_dir, run_method
-
-    method = run_method(adapter) if os.path.isdir(adapter) else "lora"
-    if os.path.isdir(adapter) and is_full_model_dir(adapter):
+    check_output(adapter, output, overwrite)
+    method = rundir.method(adapter) if os.path.isdir(adapter) else "lora"
+    if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):
         raise RoctuneError(f"--adapter {adapter}: this {method} run saved a whole model, not an adapter; there is "
                            "nothing to merge (load the directory itself with from_pretrained)")
     if method == "qlora":
         # trained on 4-bit weights: merge into those weights dequantized to `dtype`, never into 4-bit ones,
         # and check against the model as trained (4-bit base + adapter)
         from roctune.models import load_tokenizer, resolve_model
-        from roctune.train import read_run_yaml
 
-        run = read_run_yaml(adapter)
-        base = resolve_model(run.get("base_model"))
-        trust = bool(run.get("config", {}).get("trust_remote_code"))
+        base = resolve_model(rundir.read_run(adapter).get("base_model"))
+        trust = False  # trust_remote_code never comes from a file
         tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
         tok = load_tokenizer(tok_src, trust)
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
@@ -57,16 +74,44 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
     log(f"merge check: max |logit difference| between adapter and merged model = {max_diff:.2e} (tolerance {tol:g})")
     if max_diff > tol:
         raise RoctuneError(f"merged model differs from the adapter model by {max_diff:.3g} (> {tol:g}); not saved")
-    parent = os.path.dirname(os.path.abspath(output)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-merge-", dir=parent)
-    try:
+    def fill(tmp: str) -> None:
         merged.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if os.path.isdir(output):
-            shutil.rmtree(output)
-        os.rename(tmp, output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
+            json.dump({"adapter": os.path.abspath(adapter), "dtype": dtype, "max_logit_diff": max_diff}, f)
+
+    rundir.write_dir_atomically(output, fill)
     log(f"merged model saved to {output} (loads with AutoModelForCausalLM.from_pretrained)")
     return {"max_logit_diff": max_diff, "output": output}
+
+
+def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False):
+    """Merge a QLoRA adapter the way it was trained: load the base in 4-bit exactly as in training, run the
+    check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
+    weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
+    import torch
+    from peft import PeftModel
+
+    from roctune.env import torch_dtype
+    from roctune.methods import bitsandbytes_problem, load_4bit
+
+    problem = bitsandbytes_problem("cpu")
+    if problem:
+        raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
+    base4 = load_4bit(base_model, dtype, "cpu", "sdpa", trust_remote_code)
+    model = PeftModel.from_pretrained(base4, adapter)
+    model.eval()
+    with torch.no_grad():
+        before = [model(**e).logits.float() for e in prompts_enc]
+    base = model.unload()  # the 4-bit base again, adapter layers removed (nothing merged into 4-bit)
+    base = base.dequantize(dtype=torch_dtype(dtype)) or base
+    base = base.to(torch_dtype(dtype))
+    if hasattr(base.config, "quantization_config"):
+        del base.config.quantization_config
+    base.hf_quantizer = None
+    base.is_quantized = False
+    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged.eval()
+    with torch.no_grad():
+        after = [merged(**e).logits.float() for e in prompts_enc]
+    return merged, before, after

@@ -12,9 +12,9 @@ builds the model skeleton on the meta device (no weights) to validate module nam
 """
 from __future__ import annotations
 
-import json
 import os
 
+from roctune import rundir
 from roctune.errors import ConfigError, EnvironmentProblem
 
 METHODS = ("lora", "qlora", "freeze", "full")
@@ -62,22 +62,12 @@ def bitsandbytes_problem(device: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ checks before load
-def adapter_base(adapter: str) -> str | None:
-    """The base model an adapter directory was trained on (run.yaml first, then adapter_config.json)."""
-    from roctune.train import read_run_yaml
-
-    try:
-        return read_run_yaml(adapter).get("base_model")
-    except Exception:
-        return None
-
-
 def start_model_name(cfg) -> str | None:
     """The model to load: --model, else the base model of --adapter, else the bundled default."""
     if cfg.model:
         return cfg.model
     if cfg.adapter and os.path.isdir(cfg.adapter):
-        return adapter_base(cfg.adapter)
+        return rundir.base_model(cfg.adapter)
     return None
 
 
@@ -277,82 +267,3 @@ def build_model(cfg, setup, base_model: str, log=print):
     for p in model.parameters():
         p.requires_grad_(True)
     return model
-
-
-def warn_full_memory(cfg, base_model: str, setup, log) -> None:
-    """For full/freeze on the CPU: warn when the estimated peak exceeds the available RAM (the GPU case is
-    handled by the trainer's own estimate)."""
-    if setup.device != "cpu" or cfg.method not in ("full", "freeze"):
-        return
-    try:
-        import psutil
-
-        from roctune.memory import estimate
-
-        est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
-                       dtype=setup.dtype, grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
-                       freeze_trainable_layers=max(0, cfg.freeze_trainable_layers), device="cpu",
-                       grad_accum=cfg.grad_accum)
-        avail = psutil.virtual_memory().available
-        if est.total_bytes > avail:
-            log(f"warning: --method {cfg.method}: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds "
-                f"the {avail / 2**30:.1f} GiB of free RAM; use --method lora or qlora, or see `roctune estimate`")
-    except Exception:
-        return
-
-
-# ------------------------------------------------------------------------------------- saved runs
-def run_method(run_dir: str) -> str:
-    """The method a run directory was trained with ("lora" when unknown)."""
-    path = os.path.join(run_dir, "run.yaml")
-    if os.path.isfile(path):
-        import yaml
-
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-        return str((doc.get("config") or {}).get("method") or "lora")
-    if os.path.isfile(os.path.join(run_dir, "adapter_config.json")):
-        return "lora"
-    return "full" if os.path.isfile(os.path.join(run_dir, "config.json")) else "lora"
-
-
-def is_full_model_dir(path: str) -> bool:
-    """A freeze/full run (or any model directory): config.json and weights, no adapter."""
-    return (os.path.isfile(os.path.join(path, "config.json"))
-            and not os.path.isfile(os.path.join(path, "adapter_config.json")))
-
-
-def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False):
-    """Merge a QLoRA adapter the way it was trained: load the base in 4-bit exactly as in training, run the
-    check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
-    weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
-    import torch
-    from peft import PeftModel
-
-    from roctune.env import torch_dtype
-
-    problem = bitsandbytes_problem("cpu")
-    if problem:
-        raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
-    base4 = load_4bit(base_model, dtype, "cpu", "sdpa", trust_remote_code)
-    model = PeftModel.from_pretrained(base4, adapter)
-    model.eval()
-    with torch.no_grad():
-        before = [model(**e).logits.float() for e in prompts_enc]
-    base = model.unload()  # the 4-bit base again, adapter layers removed (nothing merged into 4-bit)
-    base = base.dequantize(dtype=torch_dtype(dtype)) or base
-    base = base.to(torch_dtype(dtype))
-    if hasattr(base.config, "quantization_config"):
-        del base.config.quantization_config
-    base.hf_quantizer = None
-    base.is_quantized = False
-    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
-    merged.eval()
-    with torch.no_grad():
-        after = [merged(**e).logits.float() for e in prompts_enc]
-    return merged, before, after
-
-
-def adapter_settings(run_dir: str) -> dict:
-    with open(os.path.join(run_dir, "adapter_config.json"), encoding="utf-8") as f:
-        return json.load(f)

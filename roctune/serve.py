@@ -294,14 +294,13 @@ class Engine:
         self.adapters[name] = _Adapter(path, mixable=not acfg.get("use_dora"))
 
     def _check_base(self, path: str) -> None:
-        run_yaml = os.path.join(path, "run.yaml")
-        if not os.path.isfile(run_yaml):
-            return
+        from roctune import rundir
         from roctune.models import resolve_model
-        from roctune.train import read_run_yaml
 
+        if not rundir.is_run_dir(path):
+            return
         try:
-            trained_on = read_run_yaml(path).get("base_model")
+            trained_on = rundir.read_run(path).get("base_model")
             trained_path = resolve_model(trained_on)
         except Exception:  # unresolvable here (hub id offline): PEFT still checks the shapes
             return

@@ -8,7 +8,6 @@ follows it by reading the run's metrics.jsonl.
 from __future__ import annotations
 
 import html
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from roctune.errors import EnvironmentProblem, RoctuneError
+from roctune.rundir import read_metrics, total_steps  # the Train panel follows the run directory
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -238,7 +238,7 @@ def settings_check(s: TrainSettings) -> None:
     once instead of after a process start. The same code raises the same message."""
     from roctune.cli import build_parser
     from roctune.commands.train import config_from_args
-    from roctune.train import check_output_dir
+    from roctune.rundir import check_new_output
 
     try:
         args = build_parser().parse_args(["train", *s.argv()])
@@ -246,7 +246,7 @@ def settings_check(s: TrainSettings) -> None:
         return
     cfg = config_from_args(args)
     cfg.validate()
-    check_output_dir(cfg)
+    check_new_output(cfg.output, cfg.resume, cfg.overwrite)
 
 
 def memory_html(s: TrainSettings) -> str:
@@ -286,30 +286,6 @@ def memory_html(s: TrainSettings) -> str:
             f'<details><summary>breakdown</summary><table class="rt-table">{rows}</table></details>')
 
 
-def read_metrics(run_dir: str) -> list[dict]:
-    rows = []
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a line being written right now
-                    break
-    except OSError:
-        pass
-    return rows
-
-
-def total_steps(run_dir: str) -> int | None:
-    try:
-        import yaml
-
-        with open(os.path.join(run_dir, "run.yaml"), encoding="utf-8") as f:
-            return int(yaml.safe_load(f)["data"]["total_steps"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
-    except Exception:  # noqa: BLE001 - a half-written file: ask again on the next tick
-        return None
 
 
 def cli_error(log_text: str, rc: int) -> str:

@@ -64,7 +64,7 @@ IDENTITY = os.path.join(REPO, "examples", "identity.jsonl")
 
 def run_train(cfg):
     """Train quietly; returns (summary, logged lines)."""
-    from roctune.train import train
+    from roctune.recipes import train
 
     lines = []
     return train(cfg, log=lines.append, progress=False), lines

@@ -72,7 +72,7 @@ def test_two_processes_follow_the_one_process_loss_curve(two_proc_run, tiny_mode
     one = tmp_path / "one"
     args = build_parser().parse_args(["train", "--model", tiny_model_dir, "--data", data_file, "--output", str(one),
                                       "--grad-accum", "2", *COMMON])
-    from roctune.train import train
+    from roctune.recipes import train
 
     train(config_from_args(args), log=lambda *_: None, progress=False)
 

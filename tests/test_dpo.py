@@ -106,7 +106,7 @@ def test_dpo_widens_the_reward_margin(tiny_model_dir, tmp_path):
 
 
 def test_dpo_from_sft_adapter_uses_it_as_reference(tiny_model_dir, alpaca_file, tmp_path):
-    from roctune.train import train
+    from roctune.recipes import train
 
     sft = tmp_path / "sft"
     train(TrainConfig(data=[alpaca_file], output=str(sft), model=tiny_model_dir, device="cpu", max_steps=2,

@@ -16,7 +16,7 @@ QUESTION = [{"role": "user", "content": "Who are you?"}]
 @pytest.fixture(scope="module")
 def identity_run(tmp_path_factory, default_model_dir):
     from roctune.config import TrainConfig
-    from roctune.train import train
+    from roctune.recipes import train
 
     out = str(tmp_path_factory.mktemp("identity") / "run")
     cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,

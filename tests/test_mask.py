@@ -62,7 +62,7 @@ def test_truncation_keeps_prefix(tokenizer):
 
 def test_packed_and_padded_batches_count_the_same_targets(tokenizer):
     from roctune.data import Tokenized
-    from roctune.train import collate
+    from roctune.training.batching import collate
 
     exs = []
     for fmt in sorted(RECORDS):

@@ -24,7 +24,7 @@ BODY_LIMIT = 64 * 1024
 def adapter_root(tmp_path_factory, default_model_dir) -> str:
     """Folder with two trained adapters: fruit (answers 'apple') and peak (answers 'mountain')."""
     from roctune.config import TrainConfig
-    from roctune.train import train
+    from roctune.recipes import train
 
     root = tmp_path_factory.mktemp("adapters")
     data_dir = tmp_path_factory.mktemp("serve-data")

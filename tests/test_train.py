@@ -8,7 +8,7 @@ import pytest
 
 from roctune.cli import main
 from roctune.config import TrainConfig
-from roctune.train import train
+from roctune.recipes import train
 
 from conftest import write_jsonl
 

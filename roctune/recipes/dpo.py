@@ -1,0 +1,116 @@
+"""Direct Preference Optimization: prefer the chosen answer over the rejected one for the same prompt.
+
+Data: preference pairs (roctune.data.preference reads every supported layout). Prompts are rendered with the
+model's chat template exactly as in SFT, and only the final answer's tokens are scored.
+
+The loss is the sigmoid DPO loss, -log sigmoid(beta * ((log pi(c) - log ref(c)) - (log pi(r) - log ref(r)))).
+The reference is the model as training starts (the base model, or base + the `--adapter` it starts from). Its
+log-probabilities are computed once, before the first step, with the same model, so no second copy of the weights
+is ever held; only the pairs this process will train on are scored (a few steps cost a few pairs, whatever the
+data set's size), and a resumed run scores its remaining pairs again from the freshly built starting model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roctune.training import distributed, loop, session
+from roctune.training.batching import collate
+from roctune.training.losses import sequence_logps, supports_hidden_state_loss
+from roctune.training.progress import Progress
+
+
+@dataclass
+class Item:
+    chosen: object  # Tokenized prompt + chosen answer
+    rejected: object  # Tokenized prompt + rejected answer
+    ref: tuple[float, float] | None = None  # reference log-probabilities, filled before training
+
+
+def pair_logps(model, pairs: list, pad_id: int, device: str, supervised_only: bool):
+    """(chosen logps, rejected logps) for a micro-batch of (chosen, rejected) pairs, in one padded forward."""
+    n = len(pairs)
+    batch = collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id, False, device)
+    lp = sequence_logps(model, batch, supervised_only)
+    return lp[:n], lp[n:]
+
+
+def dpo_terms(pc, pr, rc, rr, beta: float):
+    """Per-pair loss, chosen reward and rejected reward."""
+    import torch.nn.functional as F
+
+    chosen = beta * (pc - rc)
+    rejected = beta * (pr - rr)
+    return -F.logsigmoid(chosen - rejected), chosen, rejected
+
+
+def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
+    import torch
+
+    from roctune.data.preference import tokenize_pairs
+
+    setup, dist, tokenizer = session.start(cfg, base_model, say)
+    say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
+    pairs, eval_pairs = session.tokenize_splits(tokenize_pairs, tokenizer, records, eval_records, cfg, say, "pair")
+    items, eval_items = [Item(c, r) for c, r in pairs], [Item(c, r) for c, r in eval_pairs]
+    model = session.build_trainable(cfg, setup, base_model, say)
+    session.open_output(cfg, dist)
+    pad_id = tokenizer.pad_token_id
+    fast = cfg.loss_on_supervised_only and supports_hidden_state_loss(model) and not (cfg.fsdp and dist.enabled)
+
+    def scored(model, batch: list[Item]):
+        """(per-pair loss, chosen rewards, rejected rewards) of a micro-batch against its reference."""
+        pc, pr = pair_logps(model, [(x.chosen, x.rejected) for x in batch], pad_id, setup.device, fast)
+        rc = torch.tensor([x.ref[0] for x in batch], device=pc.device)
+        rr = torch.tensor([x.ref[1] for x in batch], device=pc.device)
+        return dpo_terms(pc.float(), pr.float(), rc, rr, cfg.beta)
+
+    def loss_sum(model, batch):
+        loss, ch, rj = scored(model, batch)
+        return loss.sum(), {"rewards_chosen": float(ch.detach().sum()), "rewards_rejected": float(rj.detach().sum()),
+                            "reward_accuracy": float((ch > rj).float().sum())}
+
+    def eval_sums(model, batch):
+        loss, ch, rj = scored(model, batch)
+        return {"loss": float(loss.sum()), "margin": float((ch - rj).sum()),
+                "acc": float((ch > rj).float().sum()), "n": len(batch)}
+
+    def before_training(model, mine: list[int]):
+        todo = [items[i] for i in mine] + eval_items
+        say(f"dpo: scoring {len(todo)} pair(s) with the reference (the starting model)")
+        score_reference(model, todo, pad_id, setup, cfg.batch_size, fast, Progress(len(todo), 0, progress, "reference"),
+                        say)
+
+    task = loop.Task(
+        items=items, eval_items=eval_items, lengths=[len(x.chosen.input_ids) + len(x.rejected.input_ids) for x in items],
+        loss_sum=loss_sum, weight=lambda x: 1, tokens=lambda x: len(x.chosen.input_ids) + len(x.rejected.input_ids),
+        metric_names=("rewards_chosen", "rewards_rejected", "reward_accuracy"), norm_name="pairs",
+        derived=lambda row: row.update(reward_margin=round(row["rewards_chosen"] - row["rewards_rejected"], 6)),
+        eval_names=("loss", "margin", "acc", "n"), eval_sums=eval_sums,
+        eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6),
+                                "eval_reward_margin": round(s["margin"] / max(1, s["n"]), 6),
+                                "eval_reward_accuracy": round(s["acc"] / max(1, s["n"]), 4)},
+        before_training=before_training)
+    say(f"pairs: {len(items)} train, {len(eval_items)} eval; beta {cfg.beta}")
+    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
+    session.save_final(cfg, model, tokenizer, dist)
+    say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
+        f"saved to {cfg.output}")
+    distributed.shutdown(dist)
+    return summary
+
+
+def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, fast: bool, bar, say) -> None:
+    """Fill each item's `ref` with its log-probabilities under the model as it is now, without gradients."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, len(todo), batch_size):
+            chunk = todo[s:s + batch_size]
+            with loop.autocast(setup):
+                c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, fast)
+            for x, rc, rr in zip(chunk, c.float().tolist(), r.float().tolist()):
+                x.ref = (rc, rr)
+            bar.update(s + len(chunk), "", say)
+    bar.close()
+    model.train()
+

@@ -1,0 +1,44 @@
+"""Supervised fine-tuning: learn the assistant answers of conversations.
+
+Every conversation is rendered with the model's chat template (roctune.data); labels are -100 on every prompt
+token, so only the answers (with their end-of-turn token) are learned. The loss of a step is the mean token
+cross-entropy over all its supervised tokens."""
+from __future__ import annotations
+
+from roctune.training import distributed, loop, session
+from roctune.training.batching import collate, supervised_count
+from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
+
+
+def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
+    from roctune.data import tokenize_records
+
+    setup, dist, tokenizer = session.start(cfg, base_model, say)
+    say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
+    train_ex, eval_ex = session.tokenize_splits(tokenize_records, tokenizer, records, eval_records, cfg, say, "example")
+    n_tok = sum(len(e.input_ids) for e in train_ex)
+    session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
+    model = session.build_trainable(cfg, setup, base_model, say)
+    session.open_output(cfg, dist)
+
+    pad_id = tokenizer.pad_token_id
+    # the output layer only at supervised positions (FSDP needs the model's own forward to gather weights)
+    fast = cfg.loss_on_supervised_only and supports_hidden_state_loss(model) and not (cfg.fsdp and dist.enabled)
+
+    def batch(items):
+        return collate(items, pad_id, setup.packed, setup.device)
+
+    task = loop.Task(
+        items=train_ex, eval_items=eval_ex, lengths=[len(e.input_ids) for e in train_ex],
+        loss_sum=lambda model, items: (token_loss_sum(model, batch(items), fast), {}),
+        weight=lambda e: supervised_count(e.labels), tokens=lambda e: len(e.input_ids), norm_name="supervised_tokens",
+        eval_sums=lambda model, items: {"loss": float(token_loss_sum(model, batch(items), fast)),
+                                        "n": sum(supervised_count(e.labels) for e in items)},
+        eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6)})
+    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
+    session.save_final(cfg, model, tokenizer, dist)
+    say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
+        f"saved to {cfg.output}")
+    distributed.shutdown(dist)
+    return summary
+

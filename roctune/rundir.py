@@ -1,0 +1,377 @@
+"""The run directory's format, and its only owner: every command that reads or writes a run goes through here.
+
+A run directory (`roctune train --output DIR`) holds:
+- `run.yaml`: the resolved settings, the base model's path, the device/dtype/attention choices and data counts;
+- `metrics.jsonl`: one JSON object per logged optimizer step (step, loss, lr, tokens/s, eval loss, ...);
+- the final model: a PEFT adapter (`adapter_model.safetensors`, `adapter_config.json`) for lora/qlora, or a whole
+  model (`config.json` + weights) for freeze/full; the tokenizer; `loss.png`;
+- `checkpoint-N/` while training with --save-steps: the trainable weights, `training_state.safetensors` (optimizer
+  tensors, RNG states), `training_state.json` (everything else) and `trainer_state.json` (written last: a
+  checkpoint without it is incomplete and ignored).
+
+Checkpoints never hold pickles: tensors go to safetensors and plain data to JSON, so loading one cannot run code.
+Checkpoints written by release 0.1 (`optimizer.pt`, `rng.pt`) still load, through `torch.load(weights_only=True)`,
+which refuses anything but tensors and plain containers.
+
+Every file is written under a temporary name and renamed into place, so an interrupted write never leaves a
+half-written file where a finished one is expected.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Callable
+
+from roctune.errors import ConfigError, RoctuneError
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.yaml"
+METRICS_FILE = "metrics.jsonl"
+LOSS_PLOT = "loss.png"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MODEL_CONFIG = "config.json"
+CHECKPOINT_PREFIX = "checkpoint-"
+CHECKPOINT_DONE = "trainer_state.json"
+STATE_TENSORS = "training_state.safetensors"
+STATE_JSON = "training_state.json"
+
+
+# ------------------------------------------------------------------------------------------ atomic writes
+def atomic_write_text(path: str, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
+    """Fill a temporary folder beside `target` with `fill(tmp)`, then put it in place of `target`. An existing
+    `target` is moved aside first and deleted only after the new one is in place, so a killed write leaves
+    either the old or the new folder, and the temporary folder is removed on any error."""
+    parent = os.path.dirname(os.path.abspath(target))
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    old = None
+    try:
+        fill(tmp)
+        if os.path.isdir(target):
+            old = tempfile.mkdtemp(prefix=".old-", dir=parent)
+            os.rmdir(old)
+            os.rename(target, old)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def move_files_into(src_dir: str, out_dir: str) -> None:
+    """Move every file of a finished folder into `out_dir` (each one a rename)."""
+    for name in os.listdir(src_dir):
+        os.replace(os.path.join(src_dir, name), os.path.join(out_dir, name))
+
+
+def remove_leftovers(run_dir: str) -> None:
+    """Delete temporary folders an interrupted write left in `run_dir` (only roctune's own `.tmp-`/`.old-` names)."""
+    for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
+        if name.startswith((".tmp-", ".old-")):
+            path = os.path.join(run_dir, name)
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+
+
+# --------------------------------------------------------------------------------------------- kinds
+def is_run_dir(path: str) -> bool:
+    """A directory roctune's training wrote (it holds run.yaml)."""
+    return os.path.isfile(os.path.join(path, RUN_FILE))
+
+
+def has_adapter(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
+
+def is_full_model_dir(path: str) -> bool:
+    """A freeze/full run (or any model directory): config.json and weights, no adapter."""
+    return os.path.isfile(os.path.join(path, MODEL_CONFIG)) and not has_adapter(path)
+
+
+def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix runs: a non-empty `path` needs `resume` (same run) or `overwrite`, and --overwrite only ever
+    replaces a run directory roctune wrote, never a folder of other files."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--output {path}: exists and is not a directory; choose another --output")
+    if not os.path.isdir(path) or not os.listdir(path):
+        if resume:
+            raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one")
+        return
+    if resume:
+        if not is_run_dir(path):
+            raise ConfigError(f"--resume: {path} holds no {RUN_FILE}; it is not a roctune run directory")
+        return
+    if overwrite and is_run_dir(path):
+        return
+    if overwrite:
+        raise ConfigError(f"--output {path} holds files that roctune did not write (no {RUN_FILE}); --overwrite "
+                          "only replaces a previous run: choose an empty or new directory")
+    raise ConfigError(f"--output {path} already holds a previous run; use --resume to continue it, --overwrite to "
+                      "replace it, or choose another directory")
+
+
+def clear_run(path: str) -> None:
+    """Empty a previous run directory for --overwrite (check_new_output has checked that roctune wrote it)."""
+    if not is_run_dir(path):
+        raise ConfigError(f"{path}: not a roctune run directory; refusing to delete its files")
+    for name in os.listdir(path):
+        p = os.path.join(path, name)
+        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+
+
+# ------------------------------------------------------------------------------------------- run.yaml
+def write_run(run_dir: str, doc: dict) -> None:
+    import yaml
+
+    atomic_write_text(os.path.join(run_dir, RUN_FILE), yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+
+
+def read_run(run_dir: str) -> dict:
+    """run.yaml as a dict with at least `base_model` and `config`. A plain PEFT adapter directory (no run.yaml)
+    gives its adapter_config.json's base model. Missing, empty or invalid files raise one clear error."""
+    path = os.path.join(run_dir, RUN_FILE)
+    if not os.path.isfile(path):
+        if has_adapter(run_dir):
+            return {"base_model": adapter_settings(run_dir).get("base_model_name_or_path"), "config": {}}
+        raise RoctuneError(f"{run_dir}: not a roctune run or PEFT adapter directory (no {RUN_FILE} or {ADAPTER_CONFIG})")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
+        raise RoctuneError(f"{path}: expected a mapping with base_model and config; restore it or train again")
+    doc.setdefault("config", {})
+    return doc
+
+
+def base_model(run_dir: str) -> str | None:
+    """The base model a run or adapter directory was trained on (None when it does not say)."""
+    try:
+        return read_run(run_dir).get("base_model")
+    except RoctuneError:
+        return None
+
+
+def method(run_dir: str) -> str:
+    """The method a run directory was trained with ("lora" when unknown)."""
+    if is_run_dir(run_dir):
+        return str(read_run(run_dir)["config"].get("method") or "lora")
+    if has_adapter(run_dir):
+        return "lora"
+    return "full" if os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)) else "lora"
+
+
+def adapter_settings(run_dir: str) -> dict:
+    path = os.path.join(run_dir, ADAPTER_CONFIG)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RoctuneError(f"{path}: cannot be read ({type(e).__name__}); is training finished?") from None
+    if not isinstance(doc, dict):
+        raise RoctuneError(f"{path}: expected a JSON object")
+    return doc
+
+
+# --------------------------------------------------------------------------------------------- metrics
+def metrics_path(run_dir: str) -> str:
+    return os.path.join(run_dir, METRICS_FILE)
+
+
+def append_metrics(run_dir: str, row: dict) -> None:
+    with open(metrics_path(run_dir), "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """Every logged row; [] when there is none yet. A line being written (no newline yet) is skipped."""
+    rows = []
+    try:
+        with open(metrics_path(run_dir), encoding="utf-8") as f:
+            for line in f:
+                if line.endswith("\n") and line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        continue
+    except FileNotFoundError:
+        return []
+    return rows
+
+
+def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
+    """Drop the rows after `keep_until_step` (all of them for 0): a resumed run writes them again."""
+    path = metrics_path(run_dir)
+    if not os.path.isfile(path):
+        return
+    if keep_until_step <= 0:
+        os.unlink(path)
+        return
+    keep = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r.get("step", 0) <= keep_until_step]
+    atomic_write_text(path, "".join(keep))
+
+
+def total_steps(run_dir: str) -> int | None:
+    """The planned number of optimizer steps, from run.yaml (None before training has started)."""
+    try:
+        return int(read_run(run_dir).get("data", {}).get("total_steps"))
+    except (RoctuneError, TypeError, ValueError):
+        return None
+
+
+def plot_loss(run_dir: str) -> None:
+    """loss.png from metrics.jsonl: train loss per step, eval loss where measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss")
+    ev = [r for r in rows if "eval_loss" in r]
+    if ev:
+        ax.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=run_dir)
+    os.close(fd)
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, os.path.join(run_dir, LOSS_PLOT))
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+def checkpoint_dir(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{step}")
+
+
+def list_checkpoints(run_dir: str) -> list[int]:
+    """Steps of the complete checkpoints in `run_dir`, oldest first."""
+    out = []
+    for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
+        if name.startswith(CHECKPOINT_PREFIX) and name[len(CHECKPOINT_PREFIX):].isdigit():
+            if os.path.isfile(os.path.join(run_dir, name, CHECKPOINT_DONE)):
+                out.append(int(name[len(CHECKPOINT_PREFIX):]))
+    return sorted(out)
+
+
+def save_checkpoint(run_dir: str, step: int, save_weights: Callable[[str], None], state: dict,
+                    keep: int, extra: dict | None = None) -> None:
+    """checkpoint-`step`: `save_weights(folder)` writes the trainable weights, `state` (nested dicts/lists of
+    tensors and plain values: optimizer, scheduler, RNG) goes to safetensors + JSON. Older checkpoints beyond
+    the newest `keep` are deleted (keep <= 0 keeps all)."""
+    def fill(tmp: str) -> None:
+        save_weights(tmp)
+        write_state(tmp, state)
+        with open(os.path.join(tmp, CHECKPOINT_DONE), "w", encoding="utf-8") as f:
+            json.dump({"step": step, **(extra or {})}, f)
+
+    write_dir_atomically(checkpoint_dir(run_dir, step), fill)
+    steps = list_checkpoints(run_dir)
+    for old in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(checkpoint_dir(run_dir, old), ignore_errors=True)
+
+
+def load_checkpoint(run_dir: str, read_weights: Callable[[str], Any]) -> dict | None:
+    """The newest intact checkpoint as {step, weights, state, folder}; a damaged newer one is skipped with a
+    warning. None when there is no checkpoint at all; an error when none of them can be read."""
+    steps = list_checkpoints(run_dir)
+    problems = []
+    for step in reversed(steps):
+        folder = checkpoint_dir(run_dir, step)
+        try:
+            return {"step": step, "weights": read_weights(folder), "state": read_state(folder), "folder": folder}
+        except Exception as e:  # noqa: BLE001 - any damage (truncated file, bad JSON) means: try the previous one
+            problems.append(f"{folder}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            log.warning("checkpoint %s cannot be read (%s); trying the previous one", folder, type(e).__name__)
+    if problems:
+        raise RoctuneError(f"--resume: no intact checkpoint in {run_dir} ({'; '.join(problems)}); start a new run")
+    return None
+
+
+# ------------------------------------------------------------------- tensors + JSON instead of pickles
+def split_tensors(obj: Any, tensors: dict) -> Any:
+    """`obj` with every tensor replaced by {"__tensor__": key} (the tensor stored in `tensors`), dicts with
+    non-string keys as {"__items__": [[key, value], ...]} and tuples as lists: plain JSON."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: split_tensors(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[k, split_tensors(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return [split_tensors(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint")
+
+
+def join_tensors(obj: Any, tensors: dict) -> Any:
+    """The inverse of split_tensors."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        if set(obj) == {"__items__"}:
+            return {k: join_tensors(v, tensors) for k, v in obj["__items__"]}
+        return {k: join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [join_tensors(v, tensors) for v in obj]
+    return obj
+
+
+def write_state(folder: str, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict = {}
+    doc = split_tensors(state, tensors)
+    save_file(tensors, os.path.join(folder, STATE_TENSORS))
+    with open(os.path.join(folder, STATE_JSON), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+
+
+def read_state(folder: str) -> dict:
+    """The state written by write_state, or a release-0.1 checkpoint's optimizer.pt + rng.pt (tensors only)."""
+    if not os.path.isfile(os.path.join(folder, STATE_JSON)) and os.path.isfile(os.path.join(folder, "optimizer.pt")):
+        return _read_legacy_state(folder)
+    from safetensors.torch import load_file
+
+    tensors = load_file(os.path.join(folder, STATE_TENSORS))
+    with open(os.path.join(folder, STATE_JSON), encoding="utf-8") as f:
+        return join_tensors(json.load(f), tensors)
+
+
+def _read_legacy_state(folder: str) -> dict:
+    import torch
+
+    blob = torch.load(os.path.join(folder, "optimizer.pt"), weights_only=True, map_location="cpu")
+    rng = torch.load(os.path.join(folder, "rng.pt"), weights_only=True, map_location="cpu")
+    return {"optimizer": blob["optimizer"], "scheduler": blob["scheduler"],
+            "rng": rng.get("torch_rng_per_rank") or [rng["torch_rng"]]}

@@ -1,0 +1,62 @@
+"""Checkpoints of a training run (through roctune.rundir, which owns the format): the trainable weights, the
+optimizer and schedule, and every process's RNG state, so a resumed run continues exactly where it stopped.
+
+With several processes, rank 0 writes while the others only take part in gathering what it needs; on resume
+rank 0 reads the checkpoint and sends it to the others, so the other nodes of a multi-node run need no copy of
+the run directory."""
+from __future__ import annotations
+
+import logging
+
+from roctune import rundir
+from roctune.errors import ConfigError
+from roctune.training import distributed
+from roctune.training.distributed import Context
+
+log = logging.getLogger(__name__)
+
+
+def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, keep: int) -> None:
+    import torch
+
+    rng_states = distributed.gather_objects(dist, torch.get_rng_state())
+    weights = distributed.full_trainable_state(model)  # None unless sharded: save_pretrained reads the model
+    optim_state = distributed.full_optimizer_state(model, optimizer)
+    if dist.is_main:
+        state = {"optimizer": optim_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
+        rundir.save_checkpoint(run_dir, step, lambda folder: save_weights(model, folder, weights), state, keep,
+                               extra={"processes": dist.world_size})
+    distributed.barrier(dist)
+
+
+def save_weights(model, folder: str, weights=None) -> None:
+    """save_pretrained of the adapter (or whole model); `weights` is the gathered state of a sharded model."""
+    model.save_pretrained(folder, **({"state_dict": weights} if weights is not None else {}))
+
+
+def load(run_dir: str, dist: Context) -> dict:
+    """The newest intact checkpoint as {step, weights, state}; rank 0 reads it and every rank gets it."""
+    from safetensors.torch import load_file
+
+    blob = None
+    if dist.is_main:
+        blob = rundir.load_checkpoint(run_dir, lambda folder: load_file(f"{folder}/{rundir.ADAPTER_WEIGHTS}"))
+        if blob is not None and blob["folder"] != rundir.checkpoint_dir(run_dir, rundir.list_checkpoints(run_dir)[-1]):
+            log.warning("resuming from %s: the newer checkpoint is damaged", blob["folder"])
+    blob = distributed.broadcast_object(dist, blob)
+    if blob is None:
+        raise ConfigError(f"--resume: {run_dir} has no checkpoint (train with --save-steps N to write them)")
+    return blob
+
+
+def restore(blob: dict, model, optimizer, scheduler, dist: Context) -> int:
+    """Optimizer, scheduler and RNG state from `load`; returns the step to continue from. Each rank takes back
+    its own RNG state when the number of processes is unchanged."""
+    import torch
+
+    state = blob["state"]
+    distributed.load_optimizer_state(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    per_rank = state["rng"]
+    torch.set_rng_state(per_rank[dist.rank] if len(per_rank) == dist.world_size else per_rank[0])
+    return blob["step"]

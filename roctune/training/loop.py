@@ -1,0 +1,285 @@
+"""The one training loop. It knows nothing about SFT or DPO: a recipe hands it a `Task` (the items, their lengths,
+and a function giving the summed loss of a micro-batch), and the loop owns, once, for every recipe: the batch
+plan, gradient accumulation, autocast, clipping, the schedule, out-of-memory auto-batch, evaluation, metrics,
+checkpoints, exact resume and several processes.
+
+How a step is computed. Each optimizer step takes the planned micro-batches of the step; every micro-batch's
+summed loss is divided by the step's normaliser (the sum of `Task.weight` over all the step's items: supervised
+tokens for SFT, pairs for DPO), so accumulation gives exactly the gradient of the whole step's mean.
+
+Several processes (torchrun; see roctune.training.distributed):
+- The plan is the one-process plan with grad_accum x world_size micro-batches per step, and rank r computes
+  micro-batches r, r + world_size, ... of each step. Every rank knows the plan, hence the normaliser.
+- The model is wrapped in DistributedDataParallel, which averages gradients while backward runs; the loss is
+  multiplied by world_size so the average becomes the sum, i.e. exactly the gradient one process gets with
+  grad_accum x world_size accumulation. Only the last micro-batch of a step synchronises (`no_sync` before).
+- With --fsdp the model is sharded instead; FSDP reduce-scatters the gradients itself (same scaling).
+- Only rank 0 writes run.yaml, metrics.jsonl and checkpoints; the others wait at barriers.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from roctune import rundir
+from roctune.training import checkpoint, distributed
+from roctune.training.batching import plan_steps
+from roctune.training.distributed import Context
+from roctune.training.oom import free_memory, is_out_of_memory, out_of_memory_error
+from roctune.training.optim import make_optimizer, make_scheduler, optimizer_step
+from roctune.training.progress import Progress
+from roctune.training.session import Setup, write_run_yaml
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Task:
+    """What a recipe gives the loop.
+
+    loss_sum(model, items) -> (summed loss tensor, {name: summed metric}) for one micro-batch; each metric is
+    logged as its step sum divided by the step's normaliser. weight(item) is the item's share of that
+    normaliser (logged as `norm_name`), tokens(item) its token count. eval_sums(model, items) -> {name: sum} (the names in eval_names) for a
+    batch of eval items (no gradients); eval_metrics turns the summed dict into logged values. derived(row) adds
+    metrics computed from others (e.g. DPO's reward margin). before_training(model, items) runs once, before a
+    resumed checkpoint's weights are loaded, with the indices this process will train on (DPO scores its
+    reference there)."""
+
+    items: list
+    eval_items: list
+    lengths: list[int]
+    loss_sum: Callable[[Any, list], tuple[Any, dict[str, float]]]
+    weight: Callable[[Any], float]
+    tokens: Callable[[Any], int]
+    metric_names: tuple[str, ...] = ()
+    norm_name: str = "weight"
+    eval_names: tuple[str, ...] = ("loss", "n")
+    eval_sums: Callable[[Any, list], dict[str, float]] | None = None
+    eval_metrics: Callable[[dict[str, float]], dict[str, float]] = field(default=lambda s: {})
+    derived: Callable[[dict], None] = field(default=lambda row: None)
+    before_training: Callable[[Any, list[int]], None] | None = None
+
+
+def autocast(setup: Setup):
+    """bf16/fp16 autocast on GPUs when that dtype was chosen; nothing on the CPU (fp32 there)."""
+    import torch
+
+    if setup.device == "cuda" and setup.dtype in ("bf16", "fp16"):
+        from roctune.env import torch_dtype
+
+        return torch.autocast("cuda", dtype=torch_dtype(setup.dtype))
+    return contextlib.nullcontext()
+
+
+def _engine(model, task: Task, cfg, setup: Setup, dist: Context):
+    """(forward, model, ddp): forward(items) -> (loss, sums), through DistributedDataParallel when several
+    processes keep full copies (the task's loss, which may call the decoder directly, then runs inside DDP's
+    forward); with --fsdp the model is sharded in place instead."""
+    import torch
+
+    if dist.enabled and cfg.fsdp:
+        model = distributed.shard_model(model)
+    if not dist.enabled or cfg.fsdp:
+        return (lambda items: task.loss_sum(model, items)), model, None
+
+    class StepModule(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, items):
+            return task.loss_sum(self.inner, items)
+
+    ddp = distributed.wrap_ddp(StepModule(model), dist, setup.device)
+    return ddp, model, ddp
+
+
+def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool) -> tuple[Any, dict]:
+    """Train `model` on `task` as cfg says; returns (the trained model, a summary)."""
+    import torch
+
+    steps, steps_per_epoch = plan_steps(task.lengths, cfg, dist.world_size)
+    # LoRA weights train in fp32 even when the base model is bf16/fp16 (stable updates, tiny cost).
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    blob = checkpoint.load(cfg.output, dist) if cfg.resume else None
+    start = blob["step"] if blob else 0
+    if task.before_training:
+        mine = sorted({i for s in steps[start:] for mb in s[dist.rank::dist.world_size] for i in mb})
+        task.before_training(model, mine)
+    if blob:  # weights go in before sharding; every rank got the same checkpoint from rank 0
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, blob["weights"])
+    forward, model, ddp = _engine(model, task, cfg, setup, dist)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, cfg, setup.device)
+    scheduler = make_scheduler(optimizer, cfg, len(steps))
+    if dist.enabled:
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks differ between ranks, as between micro-batches
+    if blob:
+        checkpoint.restore(blob, model, optimizer, scheduler, dist)
+        say(f"resumed from step {start}")
+    if dist.is_main:
+        rundir.reset_metrics(cfg.output, keep_until_step=start)
+        write_run_yaml(cfg, setup, len(task.items), len(task.eval_items), len(steps), dist.world_size)
+    _describe(cfg, setup, task, dist, len(steps), say)
+    state = _State(cfg, setup, task, dist, steps, steps_per_epoch, forward, ddp, params)
+    summary = state.run(model, optimizer, scheduler, start, say, progress)
+    return model, summary
+
+
+def _describe(cfg, setup: Setup, task: Task, dist: Context, total: int, say) -> None:
+    eff = cfg.batch_size * cfg.grad_accum * dist.world_size
+    procs = f" x {dist.world_size} processes" if dist.enabled else ""
+    say(f"examples: {len(task.items)} train, {len(task.eval_items)} eval; {total} optimizer steps of {eff} examples "
+        f"({cfg.batch_size} per micro-batch x {cfg.grad_accum} accumulation{procs}); "
+        f"{'packed (padding-free)' if setup.packed else 'padded'} batches")
+    if dist.enabled:
+        how = "FSDP: sharded model" if cfg.fsdp else "DDP: a full model copy in each, gradients all-reduced"
+        say(f"processes: {dist.world_size} ({dist.backend}; {how})")
+
+
+class _State:
+    """The loop's moving parts for one run (a class only to keep each function short)."""
+
+    def __init__(self, cfg, setup: Setup, task: Task, dist: Context, steps, steps_per_epoch: int, forward, ddp,
+                 params: list):
+        self.cfg, self.setup, self.task, self.dist = cfg, setup, task, dist
+        self.steps, self.steps_per_epoch = steps, steps_per_epoch
+        self.forward, self.ddp, self.params = forward, ddp, params
+        self.scale = dist.world_size if dist.enabled else 1  # DDP/FSDP average gradients; we want their sum
+        self.micro_size = cfg.batch_size  # halved by --auto-batch after an out-of-memory error
+
+    def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
+        total = len(self.steps)
+        bar = Progress(total, start, enabled=progress and self.dist.is_main)
+        t_start, tokens_done, losses, last = time.perf_counter(), 0, [], {}
+        model.train()
+        try:
+            for step in range(start, total):
+                t0 = time.perf_counter()
+                sums, n_tok, norm = self.accumulate(step, say)
+                lr, grad_norm = optimizer_step(self.params, optimizer, scheduler, self.cfg.max_grad_norm)
+                tokens_done += n_tok
+                last = self.row(step + 1, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
+                if self.task.eval_items and self.eval_due(step + 1):
+                    last.update(self.evaluate(model))
+                losses.append(last["loss"])
+                self.log_row(last)
+                bar.update(step + 1, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
+                           "tok/s", say)
+                if self.cfg.save_steps and (step + 1) % self.cfg.save_steps == 0 and step + 1 < total:
+                    checkpoint.save(self.cfg.output, step + 1, model, optimizer, scheduler, self.dist,
+                                    self.cfg.save_total_limit)
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - t_start
+        return {"steps": total, "final_loss": losses[-1] if losses else None,
+                "mean_loss": sum(losses) / len(losses) if losses else None,
+                "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
+                "output": self.cfg.output, **{k: v for k, v in last.items() if k.startswith("eval_")}}
+
+    def eval_due(self, done: int) -> bool:
+        return (self.cfg.eval_steps and done % self.cfg.eval_steps == 0) or done == len(self.steps)
+
+    def accumulate(self, step: int, say) -> tuple[dict[str, float], int, float]:
+        """Forward and backward of this rank's micro-batches of `step`; returns (metric sums over all ranks,
+        tokens over all ranks, the step's normaliser). An out-of-memory error drops the half-accumulated step
+        and, with --auto-batch, retries it with half the micro-batch."""
+        task, plan = self.task, self.steps[step]
+        mine = plan[self.dist.rank::self.dist.world_size] if self.dist.enabled else plan
+        norm = max(1e-12, sum(task.weight(task.items[i]) for mb in plan for i in mb))
+        while True:
+            micro = [[task.items[i] for i in mb[s:s + self.micro_size]] for mb in mine
+                     for s in range(0, len(mb), self.micro_size)]
+            try:
+                sums, n_tok = self.backward_all(micro, plan, norm)
+                break
+            except Exception as e:  # noqa: BLE001 - only out-of-memory errors are handled
+                if not is_out_of_memory(e):
+                    raise
+                self.recover(e, step, say)
+        if self.dist.enabled:
+            values = distributed.sum_numbers(self.dist, [sums[k] for k in sums] + [n_tok], self.setup.device)
+            sums, n_tok = dict(zip(sums, values[:-1])), int(values[-1])
+        return sums, n_tok, norm
+
+    def backward_all(self, micro: list[list], plan, norm: float) -> tuple[dict[str, float], int]:
+        sums = {k: 0.0 for k in ("loss",) + self.task.metric_names}
+        n_tok = 0
+        if not micro:  # a rank with nothing left in a short last step still joins the gradient all-reduce
+            micro, weight = [[self.task.items[plan[0][0]]]], 0.0
+        else:
+            weight = 1.0
+        for j, items in enumerate(micro):
+            sync = self.ddp is None or j == len(micro) - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
+                with autocast(self.setup):
+                    loss, extra = self.forward(items)
+                (loss * (weight * self.scale / norm)).backward()
+            if weight:
+                sums["loss"] += float(loss.detach())
+                for k, v in extra.items():
+                    sums[k] += v
+                n_tok += sum(self.task.tokens(x) for x in items)
+        return sums, n_tok
+
+    def recover(self, e: BaseException, step: int, say) -> None:
+        for p in self.params:  # drop the half-accumulated step and free its memory
+            p.grad = None
+        free_memory(self.setup.device)
+        if not self.cfg.auto_batch or self.micro_size == 1 or self.dist.enabled:
+            raise out_of_memory_error(self.cfg, self.setup, step + 1, self.micro_size) from None
+        import math
+
+        self.micro_size = (self.micro_size + 1) // 2
+        say(f"out of memory at step {step + 1}: retrying with {self.micro_size} examples per micro-batch and "
+            f"{math.ceil(self.cfg.batch_size / self.micro_size) * self.cfg.grad_accum}x accumulation "
+            f"(same {self.cfg.batch_size * self.cfg.grad_accum} examples per optimizer step)")
+
+    def row(self, done: int, sums: dict, norm: float, n_tok: int, lr: float, grad_norm, dt: float) -> dict:
+        row = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "loss": round(sums["loss"] / norm, 6),
+               "lr": lr}
+        for k in self.task.metric_names:
+            row[k] = round(sums[k] / norm, 6)
+        row[self.task.norm_name] = round(norm, 6) if norm != int(norm) else int(norm)
+        self.task.derived(row)
+        if grad_norm is not None:
+            row["grad_norm"] = round(grad_norm, 6)
+        row.update({"tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3), "tokens": n_tok,
+                    "micro_batch_size": self.micro_size})
+        return row
+
+    def log_row(self, row: dict) -> None:
+        if self.dist.is_main and (row["step"] % self.cfg.logging_steps == 0 or row["step"] == len(self.steps)
+                                  or "eval_loss" in row):
+            rundir.append_metrics(self.cfg.output, row)
+
+    def evaluate(self, model) -> dict[str, float]:
+        return evaluate(model, self.task, self.cfg.batch_size, self.setup,
+                        distributed.SINGLE if self.cfg.fsdp else self.dist)
+
+
+def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE) -> dict:
+    """The task's eval metrics over its eval items; with several processes each takes every world_size-th batch
+    (FSDP passes SINGLE: every rank must run the same forward passes)."""
+    import torch
+
+    model.eval()
+    sums = {k: 0.0 for k in task.eval_names}
+    items = task.eval_items
+    with torch.no_grad():
+        for s in range(dist.rank * batch_size, len(items), batch_size * dist.world_size):
+            with autocast(setup):
+                part = task.eval_sums(model, items[s:s + batch_size])
+            for k in task.eval_names:
+                sums[k] += part[k]
+    model.train()
+    if dist.enabled:
+        sums = dict(zip(sums, distributed.sum_numbers(dist, list(sums.values()), setup.device)))
+    return task.eval_metrics(sums)

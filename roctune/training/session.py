@@ -1,0 +1,177 @@
+"""The steps every training run shares before and after the loop, whatever the recipe: check the inputs, choose
+device/dtype/attention (with the reasons), join the other processes, load the tokenizer, tokenize and split,
+build the trainable model, write run.yaml, and save the final model into the run directory."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+
+from roctune import rundir
+from roctune.errors import ConfigError, DataError
+from roctune.training import distributed
+from roctune.training.distributed import Context
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Setup:
+    """Everything resolved before training starts; shown to the user and saved in run.yaml."""
+
+    base_model: str
+    device: str
+    dtype: str
+    attn: str
+    reasons: dict[str, str] = field(default_factory=dict)
+    packed: bool = False
+
+
+def choose(cfg, base_model: str) -> Setup:
+    """Device, dtype and attention kernel for this machine and cfg, each with its reason."""
+    from roctune.env import choose_attention, choose_device, choose_dtype
+
+    device = choose_device(cfg.device)
+    dtype = choose_dtype(cfg.dtype, device.value)
+    attn = choose_attention(cfg.attn, device.value, dtype.value)
+    if cfg.packing == "on" and attn.value == "eager":
+        raise ConfigError("--packing on needs --attn sdpa or flash_attention_2 (eager has no packed masks)")
+    # Packing pays only with a variable-length kernel (flash-attn): SDPA and eager would attend over the whole
+    # packed row (quadratic in its length, masked), which `roctune bench` measured slower on the CPU than
+    # length-grouped right-padded batches on the causal fast path.
+    packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
+                                     and cfg.batch_size > 1)
+    return Setup(base_model, device.value, dtype.value, attn.value,
+                 {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason}, packed)
+
+
+def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
+    """Preflight, choices, process group, seeds and tokenizer. Returns (setup, dist, tokenizer); `say` is
+    silenced on every rank but 0 by the caller's use of `dist.is_main`."""
+    from roctune.doctor import preflight
+    from roctune.models import load_tokenizer
+
+    for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible
+        if finding.level != "ok" and cfg.device != "cpu" and not finding.id.startswith("cpu"):
+            say(f"warning: {finding.message}")
+    setup = choose(cfg, base_model)
+    dist = distributed.init(setup.device)  # rank 0 of 1 unless started by torchrun
+    if dist.is_main:
+        for what in ("device", "dtype", "attn"):
+            say(f"{'attention' if what == 'attn' else what}: {getattr(setup, what)} ({setup.reasons[what]})")
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    return setup, dist, load_tokenizer(base_model, cfg.trust_remote_code)
+
+
+def tokenize_splits(tokenize, tokenizer, records: list, eval_records: list, cfg, say, noun: str):
+    """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
+    warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
+    the training items when no eval data was given."""
+    from roctune.data import split_eval
+
+    train_items, dropped = tokenize(tokenizer, records, cfg.max_length)
+    eval_items, _ = tokenize(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
+    if dropped:
+        say(f"warning: {dropped} {noun}(s) dropped: --max-length {cfg.max_length} cut off a whole answer")
+    if not train_items:
+        raise DataError(f"no trainable {noun}s left (all {len(records)} lost an answer to --max-length "
+                        f"{cfg.max_length}); raise --max-length")
+    if cfg.eval_ratio > 0 and not eval_items:
+        train_items, eval_items = split_eval(train_items, cfg.eval_ratio, cfg.seed)
+    return train_items, eval_items
+
+
+def build_trainable(cfg, setup: Setup, base_model: str, say):
+    """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
+    when asked; logs how many parameters train."""
+    from roctune.methods import build_model
+
+    model = build_model(cfg, setup, base_model, say)
+    if cfg.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in model.parameters())
+    say(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
+    return model
+
+
+def open_output(cfg, dist: Context) -> None:
+    """Create the run directory (rank 0), emptying a previous roctune run for --overwrite."""
+    if not dist.is_main:
+        return
+    if cfg.overwrite and not cfg.resume and rundir.is_run_dir(cfg.output):
+        rundir.clear_run(cfg.output)
+    os.makedirs(cfg.output, exist_ok=True)
+    rundir.remove_leftovers(cfg.output)
+
+
+def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: int, world_size: int = 1) -> None:
+    import roctune
+
+    resolved = cfg.to_dict()
+    resolved.update({"resume": False, "overwrite": False, "trust_remote_code": False})
+    rundir.write_run(cfg.output, {
+        "roctune_version": roctune.__version__,
+        "base_model": setup.base_model,
+        "config": resolved,
+        "resolved": {"device": setup.device, "dtype": setup.dtype, "attn": setup.attn,
+                     "packed": setup.packed, "reasons": setup.reasons, "processes": world_size},
+        "data": {"train_examples": n_train, "eval_examples": n_eval, "total_steps": total_steps},
+    })
+
+
+def save_final(cfg, model, tokenizer, dist: Context) -> None:
+    """Save the final adapter (or model) + tokenizer into the run dir (atomically, file by file) and draw
+    loss.png. With several processes rank 0 writes while the others wait."""
+    import shutil
+    import tempfile
+
+    weights = distributed.full_trainable_state(model)
+    if dist.is_main:
+        tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
+        try:
+            model.save_pretrained(tmp, **({"state_dict": weights} if weights is not None else {}))
+            tokenizer.save_pretrained(tmp)
+            rundir.move_files_into(tmp, cfg.output)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rundir.plot_loss(cfg.output)
+    distributed.barrier(dist)
+
+
+def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0) -> None:
+    """Estimate memory before loading the model and warn when the run will not fit the GPU (or, for freeze and
+    full on the CPU, the free RAM)."""
+    try:
+        from roctune.memory import estimate
+
+        est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
+                       lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
+                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
+                       freeze_trainable_layers=abs(cfg.freeze_trainable_layers), lora_dropout=cfg.lora_dropout,
+                       grad_accum=cfg.grad_accum, padded=not setup.packed, device=setup.device,
+                       supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0)
+        where, free = _memory_available(setup.device, cfg.method)
+    except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not stop training
+        return
+    if free is not None and est.total_bytes > free:
+        say(f"warning: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds {where} "
+            f"({free / 2**30:.1f} GiB); see `roctune estimate --suggest` (lower --max-length or --batch-size, "
+            "add --grad-checkpointing, or use --method lora/qlora)")
+
+
+def _memory_available(device: str, method: str) -> tuple[str, int | None]:
+    if device == "cuda":
+        import torch
+
+        return "this GPU's memory", torch.cuda.mem_get_info()[1]
+    if method in ("full", "freeze"):
+        import psutil
+
+        return "the free RAM", psutil.virtual_memory().available
+    return "", None
