@@ -68,6 +68,7 @@ def test_two_processes_follow_the_one_process_loss_curve(two_proc_run, tiny_mode
     # the effective batch is shown at the start: 2 per micro-batch x 1 accumulation x 2 processes
     assert "4 examples (2 per micro-batch x 1 accumulation x 2 processes)" in stdout
     assert stdout.count("examples:") == 1  # only rank 0 talks
+    assert "DDP: a full model copy in each" in stdout  # PyTorch's DistributedDataParallel, not a hand-made sum
 
     one = tmp_path / "one"
     args = build_parser().parse_args(["train", "--model", tiny_model_dir, "--data", data_file, "--output", str(one),
@@ -130,6 +131,30 @@ def test_fsdp_two_processes_on_cpu(two_proc_run, tiny_model_dir, data_file, tmp_
     assert os.path.isfile(out / "checkpoint-2" / "adapter_model.safetensors")
 
 
+PAIRS = [{"prompt": f"Question {i}?" + " Really." * (i % 3), "chosen": f"Answer {i}.", "rejected": "No."}
+         for i in range(12)]
+
+
+@pytest.mark.slow
+def test_dpo_two_processes_follow_the_one_process_losses(tiny_model_dir, tmp_path):
+    """DPO runs on the same engine: 2 processes (DDP, gloo) give the losses of one with twice the accumulation."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in PAIRS), encoding="utf-8")
+    common = ["--model", tiny_model_dir, "--data", str(data), "--stage", "dpo", "--max-steps", "3", "--lr", "1e-2",
+              "--lora-dropout", "0", "--device", "cpu", "--batch-size", "2", "--target-modules", "all-linear"]
+    r = _cli([*common, "--output", str(tmp_path / "two"), "--nproc", "2", "--grad-accum", "1"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from roctune.cli import build_parser
+    from roctune.commands.train import config_from_args
+    from roctune.recipes import train
+
+    args = build_parser().parse_args(["train", *common, "--output", str(tmp_path / "one"), "--grad-accum", "2"])
+    train(config_from_args(args), log=lambda *_: None, progress=False)
+    two, one = _losses(tmp_path / "two"), _losses(tmp_path / "one")
+    assert len(two) == len(one) == 3 and len(set(one)) == 3
+    assert two == pytest.approx(one, rel=1e-4)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def _no_gpu(monkeypatch):
     import torch
@@ -163,7 +188,7 @@ def _refused(capsys, args, out):
     (["--nproc", "2", "--nnodes", "0"], "nnodes must be >= 1"),
     (["--nproc", "2", "--nnodes", "2", "--node-rank", "2"], "node-rank must be in 0..1"),
     (["--nproc", "2", "--nnodes", "2", "--node-rank", "1"], "--nnodes > 1 needs --master-addr"),
-    (["--nproc", "2", "--master-port", "70000"], "master-port must be a TCP port"),
+    (["--nproc", "2", "--master-port", "70000"], "--master-port must be <= 65535"),
     (["--fsdp"], "--fsdp shards the model over several processes"),
 ])
 def test_bad_launch_flags(capsys, monkeypatch, tmp_path, alpaca_file, args, message):
@@ -189,9 +214,9 @@ def test_launch_validates_data_and_output_before_starting(capsys, monkeypatch, t
     _no_gpu(monkeypatch)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "hi"}\n', encoding="utf-8")
-    import roctune.distributed as distributed
+    from roctune.training import launch
 
-    monkeypatch.setattr(distributed, "launch", lambda cfg, log=print: pytest.fail("launched despite bad input"))
+    monkeypatch.setattr(launch, "launch", lambda cfg, say=print: pytest.fail("launched despite bad input"))
     out = tmp_path / "out"
     code = main(["train", "--model", tiny_model_dir, "--data", str(bad), "--output", str(out), "--nproc", "2",
                  "--device", "cpu"])
@@ -201,7 +226,7 @@ def test_launch_validates_data_and_output_before_starting(capsys, monkeypatch, t
 
 def test_launcher_command_single_and_multi_node():
     from roctune.config import TrainConfig
-    from roctune.distributed import launcher_command
+    from roctune.training.launch import launcher_command
 
     one = launcher_command(TrainConfig(nproc=4), "/tmp/c.yaml")
     assert one[1:3] == ["-m", "torch.distributed.run"]
@@ -214,7 +239,7 @@ def test_launcher_command_single_and_multi_node():
 
 
 def test_single_process_never_touches_torch_distributed(monkeypatch):
-    from roctune import distributed
+    from roctune.training import distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)

@@ -187,9 +187,9 @@ def inject_oom(monkeypatch, max_rows: int):
     """Make every micro-batch with more than `max_rows` examples fail as the GPU would."""
     import torch
 
-    import roctune.train as T
+    import roctune.recipes.sft as T
 
-    real = T.batch_loss_sum
+    real = T.token_loss_sum
     calls = {"oom": 0}
 
     def limited(model, batch, supervised_only):
@@ -198,7 +198,7 @@ def inject_oom(monkeypatch, max_rows: int):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, batch, supervised_only)
 
-    monkeypatch.setattr(T, "batch_loss_sum", limited)
+    monkeypatch.setattr(T, "token_loss_sum", limited)
     return calls
 
 
