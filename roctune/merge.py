@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 
-from roctune.data import render_prompt
+from roctune.data.render import render_prompt
 from roctune.errors import RoctuneError
 
 CHECK_PROMPTS = [

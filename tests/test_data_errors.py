@@ -5,7 +5,7 @@ import os
 import pytest
 
 from roctune.cli import main
-from roctune.data import load_records
+from roctune.data.records import load_records
 from roctune.errors import DataError
 
 GOOD = '{"instruction": "q", "output": "a"}\n'

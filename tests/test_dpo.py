@@ -28,7 +28,7 @@ def make_cfg(data, output, model, **kw) -> TrainConfig:
 
 # ---------------------------------------------------------------------------------------------- formats
 def test_preference_formats(tmp_path):
-    from roctune.dpo import load_pairs
+    from roctune.data.preference import load_pairs
 
     rows = [
         {"prompt": "Q1", "chosen": "good", "rejected": "bad", "system": "Be kind."},
@@ -74,8 +74,8 @@ def test_missing_rejected_is_one_clear_error_and_nothing_is_written(tiny_model_d
 
 
 def test_only_the_final_answer_is_scored(tokenizer):
-    from roctune.data import render_prompt
-    from roctune.dpo import tokenize_answer
+    from roctune.data.preference import tokenize_answer
+    from roctune.data.render import render_prompt
 
     prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
               {"role": "user", "content": "Name a fruit."}]
@@ -130,7 +130,8 @@ def test_dpo_from_sft_adapter_uses_it_as_reference(tiny_model_dir, alpaca_file, 
 def test_logps_output_layer_only_at_answers_matches_full_logits(tiny_model_dir, tokenizer):
     import torch
 
-    from roctune.dpo import Pair, pair_logps, tokenize_pairs
+    from roctune.data.preference import Pair, tokenize_pairs
+    from roctune.dpo import pair_logps
     from roctune.models import load_model
 
     model = load_model(tiny_model_dir)
