@@ -86,6 +86,24 @@ def parse_turns(turns, where: str, key: str, role_key: str | None, content_key: 
     return msgs
 
 
+def check_turn_order(msgs: list[dict[str, str]], where: str, key: str) -> None:
+    """Refuse a conversation whose roles are out of order: a system turn only first, then user and assistant
+    turns alternating, ending with an assistant turn (the answer to learn)."""
+    prev = None
+    for j, m in enumerate(msgs):
+        role = m["role"]
+        if role == "system":
+            if j:
+                raise DataError(f"{where}: {key}: a system turn can only come first (turn {j} is 'system')")
+        elif role != ("assistant" if prev == "user" else "user"):
+            raise DataError(f"{where}: {key}: roles must alternate user/assistant (turn {j} is {role!r} "
+                            f"after {prev!r})")
+        prev = role
+    if prev != "assistant":
+        raise DataError(f"{where}: {key}: the conversation must end with an assistant turn (turn {len(msgs) - 1} "
+                        f"is {prev!r})")
+
+
 def alpaca_prompt(instruction: str, extra: str) -> str:
     """The user turn of an alpaca record: the instruction, then its `input` after a blank line."""
     if not extra.strip():
@@ -121,7 +139,7 @@ def _prompt_completion_messages(obj: dict, where: str) -> list[dict[str, str]]:
     return msgs
 
 
-def _turn_messages(obj: dict, where: str, fmt: str) -> list[dict[str, str]]:
+def _turn_messages(obj: dict, where: str, fmt: str, check_order: bool) -> list[dict[str, str]]:
     key, role_key, content_key = (("messages", "role", "content") if fmt == "messages"
                                   else ("conversations", "from", "value"))
     msgs = parse_turns(obj[key], where, key, role_key, content_key, ROLE_ALIASES,
@@ -131,13 +149,19 @@ def _turn_messages(obj: dict, where: str, fmt: str) -> list[dict[str, str]]:
     if msgs[0]["role"] == "assistant":
         raise DataError(f"{where}: field '{key}' starts with an assistant turn; it must start with "
                         "a system or user turn")
+    if check_order:
+        check_turn_order(msgs, where, key)
     if "system" in obj and isinstance(obj["system"], str) and obj["system"].strip() and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": obj["system"]})
     return msgs
 
 
-def to_messages(obj: dict, where: str) -> list[dict[str, str]]:
-    """Convert one record of any supported format to a conversation. Raises DataError naming the field."""
+def to_messages(obj: dict, where: str, *, check_order: bool = False) -> list[dict[str, str]]:
+    """Convert one record of any supported format to a conversation. Raises DataError naming the field.
+
+    `check_order` also refuses turns out of order (see `check_turn_order`), as training data must be; a
+    prompt read for generation may end with a user turn.
+    """
     fmt = detect_format(obj)
     if fmt is None:
         keys = ", ".join(sorted(obj)) or "none"
@@ -148,7 +172,7 @@ def to_messages(obj: dict, where: str) -> list[dict[str, str]]:
     elif fmt == "prompt_completion":
         msgs = _prompt_completion_messages(obj, where)
     else:
-        msgs = _turn_messages(obj, where, fmt)
+        msgs = _turn_messages(obj, where, fmt, check_order)
     for j, m in enumerate(msgs):
         if m["role"] == "assistant" and not m["content"].strip():
             raise DataError(f"{where}: an assistant answer is empty (turn {j}); remove the record or fill it in")

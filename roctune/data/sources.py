@@ -26,10 +26,10 @@ class Source:
     tags: dict = field(default_factory=dict)
 
     def to_messages(self, obj: dict, where: str) -> list[dict[str, str]]:
-        """The record as a conversation, through the dataset's mapping if any."""
+        """The record as a training conversation (roles in order), through the dataset's mapping if any."""
         if self.formatting is not None:
             obj = _llamafactory_record(obj, self, where)
-        return to_messages(obj, where)
+        return to_messages(obj, where, check_order=True)
 
 
 def resolve_sources(spec: str) -> list[Source]:
