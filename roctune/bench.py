@@ -126,7 +126,8 @@ def run_baseline(w: Workload) -> dict:
     from transformers import (AutoModelForCausalLM, DataCollatorForSeq2Seq, Trainer, TrainerCallback,
                               TrainingArguments)
 
-    from roctune.data import load_records, tokenize_records
+    from roctune.data.records import load_records
+    from roctune.data.render import tokenize_records
     from roctune.env import choose_device, choose_dtype, torch_dtype
     from roctune.models import load_tokenizer, resolve_model
     from roctune.training.batching import plan_steps

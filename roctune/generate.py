@@ -1,12 +1,12 @@
 """Generation shared by chat, generate, merge checks, serve and the web UI. Prompts are rendered by
-`roctune.data.render_prompt`, the same function training uses to build its examples."""
+`roctune.data.render.render_prompt`, the same function training uses to build its examples."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from roctune.data import render_prompt
 from roctune import rundir
+from roctune.data.render import render_prompt
 from roctune.errors import RoctuneError
 
 

@@ -7,7 +7,7 @@ import json
 import os
 
 from roctune import rundir
-from roctune.data import render_prompt
+from roctune.data.render import render_prompt
 from roctune.errors import ConfigError, EnvironmentProblem, RoctuneError
 
 MARKER = "roctune_merge.json"  # written into every merged directory: --overwrite replaces only such a directory

@@ -113,7 +113,7 @@ def resolve_model(name: str | None) -> str:
 def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    from roctune.data import ensure_chat_template
+    from roctune.data.render import ensure_chat_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

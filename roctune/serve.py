@@ -6,7 +6,7 @@ worker takes those waiting (up to --max-batch, after a few milliseconds for more
 together in one left-padded batch with a KV cache, token by token. LoRA adapters are mixed in one batch with
 PEFT's per-row `adapter_names`; adapters that PEFT cannot mix (DoRA) are batched by adapter. Each row has its
 own sampling settings, seed, stop strings and token limit, and rows leave the batch as soon as they finish.
-Prompts are rendered by `roctune.data.render_prompt`, the same function training uses.
+Prompts are rendered by `roctune.data.render.render_prompt`, the same function training uses.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (the prompt is one
 user turn rendered with the chat template, as training renders prompt/completion records; `"raw": true`
@@ -237,7 +237,7 @@ class Engine:
 
     # ---- tokenizer (shared by request threads and the worker)
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        from roctune.data import render_prompt
+        from roctune.data.render import render_prompt
 
         with self._tok_lock:
             text = render_prompt(self.tokenizer, messages)

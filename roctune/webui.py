@@ -87,7 +87,7 @@ def data_paths(text: str | None) -> list[str]:
 
 def preview_rows(paths_text: str, limit: int = PREVIEW_ROWS) -> tuple[list[list[str]], str]:
     """The first records as (where, prompt, answer) rows, read as `roctune train` reads them."""
-    from roctune.data import iter_examples
+    from roctune.data.records import iter_examples
     from roctune.errors import ConfigError
 
     paths = data_paths(paths_text)
@@ -132,7 +132,7 @@ def check_report_html(report: dict) -> str:
 
 
 def run_check(paths_text: str, max_length: float | None) -> str:
-    from roctune.datacheck import check_data
+    from roctune.data.check import check_data
     from roctune.errors import ConfigError
 
     paths = data_paths(paths_text)
@@ -154,8 +154,9 @@ def default_scrub_output(path: str) -> str:
 
 
 def run_scrub(paths_text: str, output: str, types: list[str] | None) -> tuple[str, str]:
+    from roctune.data.pii import PLACEHOLDERS
+    from roctune.data.scrub import scrub_file
     from roctune.errors import ConfigError
-    from roctune.scrub import PLACEHOLDERS, scrub_file
 
     paths = data_paths(paths_text)
     if len(paths) != 1:

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from roctune.cli import main
-from roctune.datacheck import check_data, normalise
+from roctune.data.check import check_data
+from roctune.data.keys import normalise
 
 
 def jsonl(path, rows):
@@ -113,7 +114,8 @@ def tiny_tokenizer_dir(tmp_path_factory):
 
 
 def test_token_statistics_and_truncation(tmp_path, tiny_tokenizer_dir, capsys):
-    from roctune.data import load_records, tokenize_conversation
+    from roctune.data.records import load_records
+    from roctune.data.render import tokenize_conversation
     from roctune.models import load_tokenizer
 
     rows = [qa(" ".join(f"w{i}" for i in range(n)), "w1 w2") for n in (1, 5, 10, 20, 40)]

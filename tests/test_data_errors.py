@@ -5,7 +5,7 @@ import os
 import pytest
 
 from roctune.cli import main
-from roctune.data import load_records
+from roctune.data.records import load_records
 from roctune.errors import DataError
 
 GOOD = '{"instruction": "q", "output": "a"}\n'
@@ -117,3 +117,72 @@ def test_missing_file_and_directory(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     with pytest.raises(DataError, match="directory without dataset_info.json"):
         load_records(str(tmp_path))
+
+
+def turn(role, content="x"):
+    return {"role": role, "content": content}
+
+
+# Conversations with roles out of order: refused with the record's line and the turn that is wrong. Line 1 is
+# a good record each time, so the location is checked, not just the message.
+ROLE_ORDER = {
+    "two users in a row": ([turn("system"), turn("user"), turn("user"), turn("assistant")],
+                           r"d.jsonl:2: messages: roles must alternate user/assistant \(turn 2 is 'user' after 'user'\)"),
+    "two answers in a row": ([turn("user"), turn("assistant"), turn("assistant")],
+                             r"d.jsonl:2: messages: roles must alternate user/assistant "
+                             r"\(turn 2 is 'assistant' after 'assistant'\)"),
+    "system in the middle": ([turn("user"), turn("assistant"), turn("system"), turn("user"), turn("assistant")],
+                             r"d.jsonl:2: messages: a system turn can only come first \(turn 2 is 'system'\)"),
+    "ends with a user turn": ([turn("user"), turn("assistant"), turn("user")],
+                              r"d.jsonl:2: messages: the conversation must end with an assistant turn "
+                              r"\(turn 2 is 'user'\)"),
+}
+
+
+@pytest.fixture(params=sorted(ROLE_ORDER))
+def out_of_order(request, tmp_path):
+    msgs, expected = ROLE_ORDER[request.param]
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"messages": [turn("user"), turn("assistant")]}) + "\n"
+                    + json.dumps({"messages": msgs}) + "\n", encoding="utf-8")
+    return str(path), expected
+
+
+def test_load_records_refuses_roles_out_of_order(out_of_order):
+    path, expected = out_of_order
+    with pytest.raises(DataError, match=expected):
+        load_records(path)
+
+
+def test_cli_check_refuses_roles_out_of_order(out_of_order, capsys):
+    import re
+
+    path, expected = out_of_order
+    assert main(["data", "check", path]) == 1
+    assert re.search(expected, capsys.readouterr().out.replace("\n", ""))
+    assert main(["data", "check", "--json", path]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] == 1 and report["schema_errors"]["count"] == 1
+    assert re.search(expected, report["schema_errors"]["first"][0])
+
+
+def test_sharegpt_roles_are_checked_after_mapping(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"conversations": [{"from": "human", "value": "q"}, {"from": "user", "value": "q"},
+                                                  {"from": "gpt", "value": "a"}]}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"d.jsonl:1: conversations: roles must alternate user/assistant "
+                                        r"\(turn 1 is 'user' after 'user'\)"):
+        load_records(str(path))
+
+
+def test_well_ordered_conversations_and_generation_prompts_still_pass(tmp_path):
+    from roctune.data.formats import to_messages
+
+    good = [turn("system"), turn("user"), turn("assistant"), turn("user"), turn("assistant")]
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"messages": good}) + "\n"
+                    + json.dumps({"messages": good[1:], "system": "be brief"}) + "\n", encoding="utf-8")
+    records = load_records(str(path))
+    assert [m["role"] for m in records[1].messages] == ["system", "user", "assistant", "user", "assistant"]
+    # a prompt read for `roctune generate` may end with the user turn to answer
+    assert to_messages({"messages": good[:4]}, "p")[-1]["role"] == "user"

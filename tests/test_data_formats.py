@@ -3,8 +3,10 @@ import json
 
 import pytest
 
-from roctune import data
-from roctune.data import iter_examples, iter_raw, load_records, resolve_sources
+from roctune.data import readers
+from roctune.data.readers import iter_raw
+from roctune.data.records import iter_examples, load_records
+from roctune.data.sources import resolve_sources
 from roctune.errors import DataError
 
 ALPACA = [{"instruction": "Add 2 and 3", "input": "", "output": "5"},
@@ -31,7 +33,7 @@ def test_alpaca_jsonl(tmp_path):
 
 
 def test_json_array_streamed_across_chunk_boundaries(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_CHUNK", 7)  # force records to be split between reads
+    monkeypatch.setattr(readers, "_CHUNK", 7)  # force records to be split between reads
     rows = [{"instruction": f"q{i} \u4f60\u597d \"quoted\"", "output": f"a{i}", "n": i * 1.5} for i in range(50)]
     path = write_json(tmp_path / "a.json", rows)
     got = list(iter_raw(path))

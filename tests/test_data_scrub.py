@@ -6,7 +6,8 @@ import pytest
 
 from roctune.cli import main
 from roctune.errors import ConfigError
-from roctune.scrub import Scrubber, bank_card_valid, id_card_valid, luhn_valid, scrub_file
+from roctune.data.pii import Scrubber, bank_card_valid, id_card_valid, luhn_valid
+from roctune.data.scrub import scrub_file
 
 ID_OK = "11010519491231002X"        # check digit X is right
 ID_OK2 = "440308199901011234"       # check digit 4 is right

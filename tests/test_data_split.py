@@ -5,8 +5,8 @@ import os
 import pytest
 
 from roctune.cli import main
-from roctune.data import load_records
-from roctune.datacheck import normalise
+from roctune.data.keys import normalise
+from roctune.data.records import load_records
 
 
 def jsonl(path, rows):

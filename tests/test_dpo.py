@@ -29,7 +29,7 @@ def make_cfg(data, output, model, **kw) -> TrainConfig:
 
 # ---------------------------------------------------------------------------------------------- formats
 def test_preference_formats(tmp_path):
-    from roctune.dpo import load_pairs
+    from roctune.data.preference import load_pairs
 
     rows = [
         {"prompt": "Q1", "chosen": "good", "rejected": "bad", "system": "Be kind."},
@@ -75,8 +75,8 @@ def test_missing_rejected_is_one_clear_error_and_nothing_is_written(tiny_model_d
 
 
 def test_only_the_final_answer_is_scored(tokenizer):
-    from roctune.data import render_prompt
-    from roctune.dpo import tokenize_answer
+    from roctune.data.preference import tokenize_answer
+    from roctune.data.render import render_prompt
 
     prompt = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
               {"role": "user", "content": "Name a fruit."}]

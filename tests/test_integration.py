@@ -28,7 +28,7 @@ def identity_run(tmp_path_factory, default_model_dir):
 def greedy(model, tok, messages, n=16):
     import torch
 
-    from roctune.data import render_prompt
+    from roctune.data.render import render_prompt
 
     enc = tok(render_prompt(tok, messages), return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():

@@ -1,7 +1,8 @@
 """Label masks: exact supervised positions for every record format, and the same prompt rendering as inference."""
 import pytest
 
-from roctune.data import render_prompt, to_messages, tokenize_conversation
+from roctune.data.formats import to_messages
+from roctune.data.render import render_prompt, tokenize_conversation
 
 RECORDS = {
     "alpaca": {"instruction": "Name a fruit.", "input": "", "output": "A pear."},
@@ -61,7 +62,7 @@ def test_truncation_keeps_prefix(tokenizer):
 
 
 def test_packed_and_padded_batches_count_the_same_targets(tokenizer):
-    from roctune.data import Tokenized
+    from roctune.data.render import Tokenized
     from roctune.training.batching import collate
 
     exs = []

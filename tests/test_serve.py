@@ -212,7 +212,7 @@ def test_streaming_chat_and_completions(server, client):
 
 @pytest.mark.slow
 def test_usage_stop_and_seed(server, client):
-    from roctune.data import render_prompt
+    from roctune.data.render import render_prompt
 
     engine = server[1]
     r = client.chat.completions.create(model="fruit", messages=[{"role": "user", "content": QUESTION}],

@@ -63,7 +63,7 @@ def _console():
 
 
 def _check(args) -> int:
-    from roctune.datacheck import check_data
+    from roctune.data.check import check_data
     from roctune.errors import ConfigError
 
     if args.max_length is not None and args.max_length <= 0:
@@ -125,7 +125,8 @@ def _print_check(report: dict) -> None:
 def _scrub(args) -> int:
     from rich.table import Table
 
-    from roctune.scrub import scrub_file, write_report
+    from roctune.data.pii import PLACEHOLDERS
+    from roctune.data.scrub import scrub_file, write_report
 
     types = None
     if args.types:
@@ -138,8 +139,6 @@ def _scrub(args) -> int:
     table.add_column("type")
     table.add_column("placeholder")
     table.add_column("count", justify="right")
-    from roctune.scrub import PLACEHOLDERS
-
     for t, n in report["counts"].items():
         table.add_row(t, PLACEHOLDERS[t], str(n))
     con = _console()
@@ -149,7 +148,7 @@ def _scrub(args) -> int:
 
 
 def _split(args) -> int:
-    from roctune.datacheck import split_data
+    from roctune.data.split import split_data
 
     r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed)
     _console().print(f"{r['records']} records, {r['duplicates_dropped']} duplicates dropped: "

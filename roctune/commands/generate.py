@@ -35,7 +35,8 @@ def register(sub) -> None:
 
 def read_prompts(path: str) -> list[list[dict]]:
     """Conversations up to the last user turn, from any training format or bare {"prompt": ...} lines."""
-    from roctune.data import iter_raw, to_messages
+    from roctune.data.formats import to_messages
+    from roctune.data.readers import iter_raw
 
     out = []
     for where, obj in iter_raw(path):

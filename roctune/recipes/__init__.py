@@ -19,7 +19,7 @@ def prepare(cfg, check_output: bool = True):
     if cfg.stage == "dpo":
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
     else:
-        from roctune.data import load_records as read
+        from roctune.data.records import load_records as read
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
     base_model = resolve_model(methods.start_model_name(cfg))

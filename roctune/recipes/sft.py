@@ -11,7 +11,7 @@ from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
 
 
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
-    from roctune.data import tokenize_records
+    from roctune.data.render import tokenize_records
 
     setup, dist, tokenizer = session.start(cfg, base_model, say)
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks

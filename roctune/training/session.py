@@ -71,7 +71,7 @@ def tokenize_splits(tokenize, tokenizer, records: list, eval_records: list, cfg,
     """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
     warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
     the training items when no eval data was given."""
-    from roctune.data import split_eval
+    from roctune.data.split import split_eval
 
     train_items, dropped = tokenize(tokenizer, records, cfg.max_length)
     eval_items, _ = tokenize(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)

@@ -1,4 +1,5 @@
-"""`roctune data scrub`: find personal data in every text field and replace it with a typed placeholder.
+"""Personal data in text: what counts as an e-mail, ID card, bank card, mobile or landline number or IPv4
+address, and `Scrubber`, which replaces each with a typed placeholder.
 
 Each type is a regular expression for candidates plus a validator, so look-alikes stay: an 18-digit number
 must carry a valid GB 11643-1999 check digit (and a real region and birth date) to be an ID card, a card
@@ -9,15 +10,11 @@ must have four octets 0-255 and not be part of a version string. Numbers glued t
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import re
 from collections import Counter
 from typing import Any
 
-from roctune.datacheck import RecordWriter, atomic_path, iter_raw_records, same_file
-from roctune.data import fast_jsonl_object, file_kind, parse_jsonl_line
-from roctune.errors import ConfigError, DataError
+from roctune.errors import ConfigError
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",
@@ -56,7 +53,7 @@ _PHONE_15 = re.compile(r"00861[3-9][0-9]{9}")
 # Cheap tests (each starts with a class, so the engine scans in C) that a string may hold something at all:
 # 7 digits in a row, a grouped number or the start of an IP address.
 _HINT = re.compile(r"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
-# The same on a raw JSON Lines line; `_line_may_match` adds '@' (e-mail) and '\u' (an escape could hide anything).
+# The same on a raw JSON Lines line; `line_may_match` adds '@' (e-mail) and '\u' (an escape could hide anything).
 LINE_HINT = re.compile(rb"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
 _VERSION_BEFORE = re.compile(r"(?:\b(?:v|ver|version|release|build|rev)|版本|版本号)[\s:：=]*$", re.IGNORECASE)
 
@@ -95,6 +92,7 @@ def id_card_valid(number: str) -> bool:
 
 
 def luhn_valid(digits: str) -> bool:
+    """The Luhn check digit of card numbers (ASCII digits)."""
     total = 0
     for i, c in enumerate(reversed(digits)):
         d = ord(c) - 48
@@ -107,6 +105,7 @@ def luhn_valid(digits: str) -> bool:
 
 
 def bank_card_valid(number: str) -> bool:
+    """16-19 digits (spaces or dashes between groups allowed) with a card prefix and a valid Luhn digit."""
     digits = number.replace(" ", "").replace("-", "")
     if not 16 <= len(digits) <= 19:
         return False
@@ -130,49 +129,62 @@ class Scrubber:
         self._numbers = bool(self.types & {"id_card", "bank_card", "phone", "landline", "ip"})
         self.counts: Counter[str] = Counter()
 
-    def _number(self, m: re.Match) -> str:
-        text = m.group(0)
-        kind = m.lastgroup
+    def _classify(self, m: re.Match) -> tuple[str, int] | None:
+        """The type to redact for the numeric candidate `m` and where the redacted part ends, or None."""
+        text, kind = m.group(0), m.lastgroup
         if kind == "id":
             if "id_card" in self.types and id_card_valid(text):
-                return self._hit("id_card")
+                return "id_card", m.end()
             if len(text) == 18 and "bank_card" in self.types and bank_card_valid(text):
-                return self._hit("bank_card")
+                return "bank_card", m.end()
             if "phone" in self.types and _PHONE_15.fullmatch(text):  # 0086 and a mobile number
-                return self._hit("phone")
-            return text
+                return "phone", m.end()
+            return None
         if kind == "bank":
             if "bank_card" not in self.types:
-                return text
+                return None
             sep = text[4] if text[4] in " -" else ""
             if sep and text.count(sep) == 4:  # 4-4-4-4 then a short group: prefer the 16-digit reading
-                head, _, tail = text.rpartition(sep)
+                head = text.rpartition(sep)[0]
                 if bank_card_valid(head):
-                    return self._hit("bank_card") + sep + tail
-            return self._hit("bank_card") if bank_card_valid(text) else text
+                    return "bank_card", m.start() + len(head)
+            return ("bank_card", m.end()) if bank_card_valid(text) else None
         if kind == "ip":
-            return self._ip(m) if "ip" in self.types else text
-        return self._hit(kind) if kind in self.types else text
+            return ("ip", m.end()) if "ip" in self.types and self._is_ip(m) else None
+        return (kind, m.end()) if kind in self.types else None
+
+    def _is_ip(self, m: re.Match) -> bool:
+        text, start = m.group(0), m.start()
+        if any(len(o) > 1 and o[0] == "0" or int(o) > 255 for o in text.split(".")):
+            return False
+        return not _VERSION_BEFORE.search(m.string, max(0, start - 12), start)
 
     def _hit(self, kind: str) -> str:
         self.counts[kind] += 1
         return PLACEHOLDERS[kind]
 
-    def _ip(self, m: re.Match) -> str:
-        text, start = m.group(0), m.start()
-        if any(len(o) > 1 and o[0] == "0" or int(o) > 255 for o in text.split(".")):
-            return text
-        if _VERSION_BEFORE.search(m.string, max(0, start - 12), start):
-            return text
-        return self._hit("ip")
+    def _redact_numbers(self, s: str) -> str:
+        """`s` with every numeric match replaced."""
+        if not _HINT.search(s):
+            return s
+        parts: list[str] = []
+        last = 0
+        for m in _NUMBER.finditer(s):
+            hit = self._classify(m)
+            if hit is not None:
+                parts += (s[last:m.start()], self._hit(hit[0]))
+                last = hit[1]
+        if not parts:
+            return s
+        parts.append(s[last:])
+        return "".join(parts)
 
     def text(self, s: str) -> str:
         """`s` with every match replaced by its placeholder."""
-        types = self.types
-        if "@" in s and "email" in types:
+        if "@" in s and "email" in self.types:
             s = _EMAIL.sub(lambda m: self._hit("email"), s)
-        if self._numbers and len(s) >= 7 and _HINT.search(s):
-            s = _NUMBER.sub(self._number, s)
+        if self._numbers and len(s) >= 7:
+            s = self._redact_numbers(s)
         return s
 
     def value(self, v: Any) -> tuple[Any, bool]:
@@ -198,78 +210,6 @@ class Scrubber:
         return v, False
 
 
-def _line_may_match(line: bytes) -> bool:
+def line_may_match(line: bytes) -> bool:
+    """Whether a raw JSON Lines line may hold anything to redact (most lines are copied without parsing)."""
     return b"@" in line or b"\\u" in line or LINE_HINT.search(line) is not None
-
-
-def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
-    """Bytes in, bytes out: a line is parsed (to validate it) and re-serialised only if something in it
-    was redacted, so every other line is copied exactly."""
-    records = changed = 0
-    dumps = json.dumps
-    with open(inp, "rb", buffering=1 << 20) as f, open(tmp, "wb", buffering=1 << 20) as out:
-        for lineno, line in enumerate(f, 1):
-            obj = fast_jsonl_object(line)
-            if obj is None:
-                obj = parse_jsonl_line(line, inp, lineno)  # raises with the line number, or None if blank
-                if obj is None:
-                    out.write(line)
-                    continue
-            records += 1
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            if _line_may_match(line):
-                new, c = scrubber.value(obj)
-                if c:
-                    changed += 1
-                    line = (dumps(new, ensure_ascii=False) + "\n").encode("utf-8")
-            out.write(line)
-    return records, changed
-
-
-def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
-    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
-
-    Never edits in place; `out` appears only when the whole file was read and written without error.
-    """
-    kind = file_kind(inp)
-    if same_file(inp, out):
-        raise DataError(f"{out}: is the input file; scrub never edits in place, give a new output path")
-    scrubber = Scrubber(types)
-    records = changed = 0
-    with atomic_path(out) as tmp:
-        if kind == "jsonl":
-            records, changed = _scrub_jsonl(inp, tmp, scrubber)
-        else:
-            fieldnames, schema, delimiter = None, None, ","
-            if kind == "csv":
-                import csv
-
-                delimiter = "\t" if inp.lower().endswith(".tsv") else ","
-                with open(inp, encoding="utf-8-sig", newline="") as f:
-                    try:
-                        fieldnames = next(csv.reader(f, delimiter=delimiter), None)
-                    except UnicodeDecodeError:
-                        raise DataError(f"{inp}:1: not UTF-8 text; re-save the file as UTF-8") from None
-            elif kind == "parquet":
-                import pyarrow.parquet as pq
-
-                schema = pq.ParquetFile(inp).schema_arrow
-            writer = RecordWriter(tmp, kind, fieldnames=fieldnames, schema=schema, delimiter=delimiter)
-            for _where, _num, obj in iter_raw_records(inp):
-                records += 1
-                new, c = scrubber.value(obj)
-                changed += c
-                writer.write(new)
-            writer.close()
-    counts = {t: scrubber.counts.get(t, 0) for t in TYPES if t in scrubber.types}
-    return {"input": inp, "output": out, "format": kind, "records": records, "records_changed": changed,
-            "counts": counts, "total": sum(counts.values())}
-
-
-def write_report(report: dict, path: str) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(report, f, ensure_ascii=False, indent=2)
-            f.write("\n")
-    os.chmod(path, 0o644)

@@ -1,0 +1,179 @@
+"""Record formats: recognise the shape of one record and turn it into a conversation.
+
+A conversation is `[{"role": "system"|"user"|"assistant", "content": str}, ...]`. Supported record formats:
+- alpaca: `instruction`, optional `input`, `output`, optional `system` and `history` ([[user, assistant], ...])
+- OpenAI chat: `messages: [{role, content}]`
+- sharegpt: `conversations: [{from, value}]` (from: human/user, gpt/assistant/model, system)
+- prompt/completion: `prompt`, `completion`
+Errors name the record's location and the field.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from roctune.errors import DataError
+
+ROLE_ALIASES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "chatgpt": "assistant",
+}
+
+FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion")
+
+
+def detect_format(obj: dict) -> str | None:
+    """One of FORMATS by the record's fields, or None."""
+    if "messages" in obj:
+        return "messages"
+    if "conversations" in obj:
+        return "sharegpt"
+    if "instruction" in obj or "output" in obj:
+        return "alpaca"
+    if "prompt" in obj or "completion" in obj:
+        return "prompt_completion"
+    return None
+
+
+def field_text(obj: dict, key: str, where: str, required: bool = True) -> str:
+    """The string in `obj[key]`; "" when it is absent and not `required`; DataError naming the field otherwise."""
+    value = obj.get(key)
+    if value.__class__ is str:
+        return value
+    if value is None:
+        if required:
+            raise DataError(f"{where}: missing field '{key}'; add it, or remove the record")
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}; "
+                        "write it as a JSON string")
+    return value
+
+
+def maybe_json(value: Any, where: str, key: str) -> Any:
+    """A string that holds a JSON list or object (as CSV cells and some datasets do) parsed; others as given."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: field '{key}' holds invalid JSON ({e.msg})") from None
+    return value
+
+
+def parse_turns(turns, where: str, key: str, role_key: str | None, content_key: str | None,
+                role_map: dict[str, str], expected: str) -> list[dict[str, str]]:
+    """A list of {role_key, content_key} turns as a conversation, roles mapped through `role_map`; errors name
+    the turn's field and say which roles are `expected`. A key given as None is found per turn: 'role' or
+    'from', 'content' or 'value'."""
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: field '{key}' must be a non-empty list")
+    msgs = []
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: field '{key}[{j}]' must be an object")
+        rk = role_key or ("role" if "role" in turn else "from")
+        ck = content_key or ("content" if "content" in turn else "value")
+        role = turn.get(rk)
+        if role not in role_map:
+            raise DataError(f"{where}: field '{key}[{j}].{rk}' is {role!r}; expected one of {expected}")
+        msgs.append({"role": role_map[role], "content": field_text(turn, ck, f"{where}: {key}[{j}]")})
+    return msgs
+
+
+def check_turn_order(msgs: list[dict[str, str]], where: str, key: str) -> None:
+    """Refuse a conversation whose roles are out of order: a system turn only first, then user and assistant
+    turns alternating, ending with an assistant turn (the answer to learn)."""
+    prev = None
+    for j, m in enumerate(msgs):
+        role = m["role"]
+        if role == "system":
+            if j:
+                raise DataError(f"{where}: {key}: a system turn can only come first (turn {j} is 'system')")
+        elif role != ("assistant" if prev == "user" else "user"):
+            raise DataError(f"{where}: {key}: roles must alternate user/assistant (turn {j} is {role!r} "
+                            f"after {prev!r})")
+        prev = role
+    if prev != "assistant":
+        raise DataError(f"{where}: {key}: the conversation must end with an assistant turn (turn {len(msgs) - 1} "
+                        f"is {prev!r})")
+
+
+def alpaca_prompt(instruction: str, extra: str) -> str:
+    """The user turn of an alpaca record: the instruction, then its `input` after a blank line."""
+    if not extra.strip():
+        return instruction
+    return f"{instruction}\n\n{extra}" if instruction.strip() else extra
+
+
+def _alpaca_messages(obj: dict, where: str) -> list[dict[str, str]]:
+    instruction = field_text(obj, "instruction", where)
+    extra = field_text(obj, "input", where, required=False)
+    output = field_text(obj, "output", where)
+    msgs: list[dict[str, str]] = []
+    system = field_text(obj, "system", where, required=False)
+    if system.strip():
+        msgs.append({"role": "system", "content": system})
+    history = obj.get("history") or []
+    if not isinstance(history, list):
+        raise DataError(f"{where}: field 'history' must be a list of [user, assistant] pairs")
+    for j, pair in enumerate(history):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise DataError(f"{where}: field 'history[{j}]' must be a [user, assistant] pair of strings")
+        msgs += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    return msgs + [{"role": "user", "content": alpaca_prompt(instruction, extra)},
+                   {"role": "assistant", "content": output}]
+
+
+def _prompt_completion_messages(obj: dict, where: str) -> list[dict[str, str]]:
+    msgs = [{"role": "user", "content": field_text(obj, "prompt", where)},
+            {"role": "assistant", "content": field_text(obj, "completion", where)}]
+    system = field_text(obj, "system", where, required=False)
+    if system.strip():
+        msgs.insert(0, {"role": "system", "content": system})
+    return msgs
+
+
+def _turn_messages(obj: dict, where: str, fmt: str, check_order: bool) -> list[dict[str, str]]:
+    key, role_key, content_key = (("messages", "role", "content") if fmt == "messages"
+                                  else ("conversations", "from", "value"))
+    msgs = parse_turns(obj[key], where, key, role_key, content_key, ROLE_ALIASES,
+                       "system, user, assistant (or human, gpt)")
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise DataError(f"{where}: field '{key}' has no assistant turn to learn from")
+    if msgs[0]["role"] == "assistant":
+        raise DataError(f"{where}: field '{key}' starts with an assistant turn; it must start with "
+                        "a system or user turn")
+    if check_order:
+        check_turn_order(msgs, where, key)
+    if "system" in obj and isinstance(obj["system"], str) and obj["system"].strip() and msgs[0]["role"] != "system":
+        msgs.insert(0, {"role": "system", "content": obj["system"]})
+    return msgs
+
+
+def to_messages(obj: dict, where: str, *, check_order: bool = False) -> list[dict[str, str]]:
+    """Convert one record of any supported format to a conversation. Raises DataError naming the field.
+
+    `check_order` also refuses turns out of order (see `check_turn_order`), as training data must be; a
+    prompt read for generation may end with a user turn.
+    """
+    fmt = detect_format(obj)
+    if fmt is None:
+        keys = ", ".join(sorted(obj)) or "none"
+        raise DataError(f"{where}: unknown record format (fields: {keys}); expected alpaca "
+                        "(instruction/output), messages, conversations (sharegpt) or prompt/completion")
+    if fmt == "alpaca":
+        msgs = _alpaca_messages(obj, where)
+    elif fmt == "prompt_completion":
+        msgs = _prompt_completion_messages(obj, where)
+    else:
+        msgs = _turn_messages(obj, where, fmt, check_order)
+    for j, m in enumerate(msgs):
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise DataError(f"{where}: an assistant answer is empty (turn {j}); remove the record or fill it in")
+    return msgs

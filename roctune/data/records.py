@@ -1,0 +1,122 @@
+"""Records of one or several datasets, read and converted to conversations, with their errors collected.
+
+`iter_examples` streams every valid record of the --data values given (in that order); `load_records` reads
+them all for training and raises one DataError listing the first few schema errors, each with the record's
+location and field; `ErrorLimit` is that collection, for any reader that takes `on_error`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from roctune.data.readers import OnError, iter_located, raise_or_report
+from roctune.data.sources import resolve_sources
+from roctune.errors import DataError
+
+
+@dataclass
+class Record:
+    """One example as read from a file: where it came from and its conversation."""
+
+    source: str  # "file.jsonl:line 3" or "file.json:record 2"
+    messages: list[dict[str, str]]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(slots=True)
+class Example:
+    """A record read from a dataset, converted to a conversation."""
+
+    where: str
+    obj: dict
+    messages: list[dict[str, str]]
+    path: str
+    num: int  # line (JSONL, CSV), record index (JSON) or row index (Parquet)
+
+
+def combine_errors(errors: list[DataError], more: bool = False) -> DataError:
+    """One DataError listing several (one error is returned as it is)."""
+    if len(errors) == 1 and not more:
+        return errors[0]
+    head = (f"the data has schema errors; the first {len(errors)}:" if more
+            else f"the data has {len(errors)} schema errors:")
+    lines = "\n".join(f"  {e}" for e in errors)
+    return DataError(f"{head}\n{lines}\nfix them and retry (`roctune data check` lists them all)")
+
+
+class _Enough(Exception):
+    """Stops reading once ErrorLimit holds max_errors (not a DataError, so no reader catches it)."""
+
+
+class ErrorLimit:
+    """An `on_error` that collects DataErrors; reading inside `collecting()` stops at `max_errors` of them,
+    and leaving it raises them as one DataError (`combine_errors`)."""
+
+    def __init__(self, max_errors: int = 5):
+        self.max_errors = max_errors
+        self.errors: list[DataError] = []
+
+    def __call__(self, err: DataError) -> None:
+        self.errors.append(err)
+        if len(self.errors) >= self.max_errors:
+            raise _Enough
+
+    @contextmanager
+    def collecting(self) -> Iterator["ErrorLimit"]:
+        try:
+            yield self
+        except _Enough:
+            raise combine_errors(self.errors, more=True) from None
+        if self.errors:
+            raise combine_errors(self.errors)
+
+
+def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Iterator[Example]:
+    """Stream every valid record of one or several --data values (mixed in the order given).
+
+    Schema errors raise DataError, or with `on_error` are handed to it and the record is skipped.
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    for spec in specs:
+        for src in resolve_sources(spec):
+            n_raw = 0
+            n_errors = 0
+
+            def count_error(err: DataError) -> None:
+                nonlocal n_errors
+                n_errors += 1
+                raise_or_report(on_error, err)
+
+            try:
+                for where, num, obj in iter_located(src.path, count_error):
+                    n_raw += 1
+                    try:
+                        msgs = src.to_messages(obj, where)
+                    except DataError as e:
+                        raise_or_report(on_error, e)
+                        continue
+                    yield Example(where, obj, msgs, src.path, num)
+            except DataError as e:  # the file cannot be read on (truncated, not UTF-8, empty): go to the next
+                count_error(e)
+            if n_raw == 0 and n_errors == 0:
+                raise_or_report(on_error, DataError(f"{src.path}: no examples in the file; add at least one "
+                                                    "record"))
+
+
+def load_records(paths: str | Iterable[str], limit: int | None = None, max_errors: int = 5) -> list[Record]:
+    """Read and validate every record of one or several datasets (mixed in the order given).
+
+    A path is a .jsonl, .json, .csv/.tsv or .parquet file, or DIR:name for a LLaMA-Factory data directory.
+    Schema errors are collected (up to `max_errors`, across all files) and raised as one DataError that
+    lists each with its file:line (or record index) and field.
+    """
+    records: list[Record] = []
+    errors = ErrorLimit(max_errors)
+    with errors.collecting():
+        for ex in iter_examples(paths, errors):
+            records.append(Record(ex.where, ex.messages, ex.obj))
+            if limit is not None and len(records) >= limit:
+                break
+    return records

@@ -1,0 +1,93 @@
+"""`roctune data scrub`: a redacted copy of a dataset file in its own format (JSONL, JSON array, CSV/TSV,
+Parquet), every text field passed through `pii.Scrubber`; the input is never edited.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from roctune.data.pii import TYPES, Scrubber, line_may_match
+from roctune.data.readers import csv_delimiter, fast_jsonl_object, file_kind, iter_located, parse_jsonl_line
+from roctune.data.writers import RecordWriter, atomic_path, same_file
+from roctune.errors import DataError
+
+
+def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
+    """Bytes in, bytes out: a line is parsed (to validate it) and re-serialised only if something in it
+    was redacted, so every other line is copied exactly."""
+    records = changed = 0
+    dumps = json.dumps
+    with open(inp, "rb", buffering=1 << 20) as f, open(tmp, "wb", buffering=1 << 20) as out:
+        for lineno, line in enumerate(f, 1):
+            obj = fast_jsonl_object(line)
+            if obj is None:
+                obj = parse_jsonl_line(line, inp, lineno)  # raises with the line number, or None if blank
+                if obj is None:
+                    out.write(line)
+                    continue
+            records += 1
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            if line_may_match(line):
+                new, c = scrubber.value(obj)
+                if c:
+                    changed += 1
+                    line = (dumps(new, ensure_ascii=False) + "\n").encode("utf-8")
+            out.write(line)
+    return records, changed
+
+
+def _csv_header(inp: str) -> list[str] | None:
+    with open(inp, encoding="utf-8-sig", newline="") as f:
+        try:
+            return next(csv.reader(f, delimiter=csv_delimiter(inp)), None)
+        except UnicodeDecodeError:
+            raise DataError(f"{inp}:1: not UTF-8 text; re-save the file as UTF-8") from None
+
+
+def _scrub_records(inp: str, kind: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
+    """JSON arrays, CSV and Parquet: record by record, written back with the input's columns or schema."""
+    fieldnames = _csv_header(inp) if kind == "csv" else None
+    schema = None
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        schema = pq.ParquetFile(inp).schema_arrow
+    writer = RecordWriter(tmp, kind, fieldnames=fieldnames, schema=schema, delimiter=csv_delimiter(inp))
+    records = changed = 0
+    for _where, _num, obj in iter_located(inp, decode_json_cells=False):
+        records += 1
+        new, c = scrubber.value(obj)
+        changed += c
+        writer.write(new)
+    writer.close()
+    return records, changed
+
+
+def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
+    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
+
+    Never edits in place; `out` appears only when the whole file was read and written without error.
+    """
+    kind = file_kind(inp)
+    if same_file(inp, out):
+        raise DataError(f"{out}: is the input file; scrub never edits in place, give a new output path")
+    scrubber = Scrubber(types)
+    with atomic_path(out) as tmp:
+        if kind == "jsonl":
+            records, changed = _scrub_jsonl(inp, tmp, scrubber)
+        else:
+            records, changed = _scrub_records(inp, kind, tmp, scrubber)
+    counts = {t: scrubber.counts.get(t, 0) for t in TYPES if t in scrubber.types}
+    return {"input": inp, "output": out, "format": kind, "records": records, "records_changed": changed,
+            "counts": counts, "total": sum(counts.values())}
+
+
+def write_report(report: dict, path: str) -> None:
+    """The scrub report as JSON at `path` (written atomically, readable by all)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(report, f, ensure_ascii=False, indent=2)
+            f.write("\n")
+    os.chmod(path, 0o644)
