@@ -110,6 +110,7 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
     replaces a run directory roctune wrote, never a folder of other files."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"--output {path}: exists and is not a directory; choose another --output")
+    check_writable_parent(path, "--output")
     if not os.path.isdir(path) or not os.listdir(path):
         if resume:
             raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one")
@@ -125,6 +126,19 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
                           "only replaces a previous run: choose an empty or new directory")
     raise ConfigError(f"--output {path} already holds a previous run; use --resume to continue it, --overwrite to "
                       "replace it, or choose another directory")
+
+
+def check_writable_parent(path: str, what: str) -> None:
+    """The nearest existing folder above `path` (missing folders are created later) must be a writable folder,
+    so that a bad output path is refused before a model loads rather than after training."""
+    here = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise ConfigError(f"{what} {path}: {here} is a file, not a folder; choose another {what}")
+    if not os.access(here, os.W_OK | os.X_OK) or (os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK)):
+        raise ConfigError(f"{what} {path}: {here if not os.path.isdir(path) else path} is not writable; choose "
+                          f"another {what}")
 
 
 def clear_run(path: str) -> None:
