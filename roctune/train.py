@@ -185,7 +185,7 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def _choose(cfg: TrainConfig, base_model: str) -> Setup:
-    from roctune.env import choose_attention, choose_device, choose_dtype
+    from roctune.hardware import choose_attention, choose_device, choose_dtype
 
     device = choose_device(cfg.device)
     dtype = choose_dtype(cfg.dtype, device.value)
@@ -224,7 +224,7 @@ def prepare(cfg: TrainConfig, check_output: bool = True):
 def train(cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True) -> dict:
     """Run one training job. Returns a summary dict (final loss, steps, tokens/s, output dir)."""
     records, eval_records, base_model = prepare(cfg, check_output=distributed.env_rank() == 0)
-    from roctune.doctor import preflight
+    from roctune.hardware import preflight
 
     for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible
         if finding.level != "ok" and cfg.device != "cpu" and not finding.id.startswith("cpu"):
@@ -372,7 +372,7 @@ def _autocast(setup: Setup):
     import torch
 
     if setup.device == "cuda" and setup.dtype in ("bf16", "fp16"):
-        from roctune.env import torch_dtype
+        from roctune.hardware import torch_dtype
 
         return torch.autocast("cuda", dtype=torch_dtype(setup.dtype))
     return contextlib.nullcontext()
