@@ -33,7 +33,8 @@ def check_vram(c: Context, out: Findings) -> None:
                 f"GPU {i}: {_gb(g.vram_bytes)} VRAM, {_gb(free)} free: LoRA in bf16 fits models up to {_size_b(lora)} "
                 f"parameters, QLoRA up to {_size_b(qlora)}",
                 "rough: about 2.4 bytes per parameter for bf16 LoRA and 0.75 for QLoRA at short lengths and small "
-                "batches (`roctune estimate` is the precise tool)", "" if lora >= 0.5 else "use a smaller model or QLoRA")
+                "batches (`roctune estimate` is the precise tool)",
+                "" if lora >= 0.5 else "use a smaller model or QLoRA")
 
 
 def _lacking_peers(c: Context, idx: list[int]) -> tuple[list[tuple[int, int]], str, str]:

@@ -45,6 +45,11 @@ def check_flash_attn(c: Context, out: Findings) -> None:
         out.add("flash_attn", "ok", f"{ver} installed and supports this GPU", "", hint)
 
 
+# backend: (label, torch facts key of its version, library name ending shown, fix)
+_BNB = {"rocm": ("ROCm", "hip", "*.so", "pip install -U 'bitsandbytes>=0.49' (ships ROCm builds); or use LoRA instead"),
+        "cuda": ("CUDA", "cuda", ".so", "pip install -U bitsandbytes; or use LoRA instead")}
+
+
 def check_qlora(c: Context, out: Findings) -> None:
     t = c.t
     bnb = t.get("bitsandbytes") or {}
@@ -56,18 +61,14 @@ def check_qlora(c: Context, out: Findings) -> None:
     libs = bnb.get("libs") or []
     ver = f"bitsandbytes {bnb.get('version') or ''}".strip()
     # bitsandbytes loads libbitsandbytes_<backend><major><minor>.so for torch's ROCm/CUDA version
-    if c.backend == "rocm":
-        want = "rocm" + "".join(str(x) for x in version_tuple(t.get("hip") or "")[:2])
+    if c.backend in _BNB:
+        label, version_key, pattern, fix = _BNB[c.backend]
+        want = c.backend + "".join(str(x) for x in version_tuple(t.get(version_key) or "")[:2])
         ok = any(lib.startswith(f"libbitsandbytes_{want}") for lib in libs)
-        out.add("qlora", "ok" if ok else "warn", f"{ver}: " + ("has a ROCm build matching torch" if ok else
-                f"no libbitsandbytes_{want}*.so for this ROCm torch"), f"libraries: {', '.join(libs) or 'none'}",
-                "" if ok else "pip install -U 'bitsandbytes>=0.49' (ships ROCm builds); or use LoRA instead")
-    elif c.backend == "cuda":
-        want = "cuda" + "".join(str(x) for x in version_tuple(t.get("cuda") or "")[:2])
-        ok = any(lib.startswith(f"libbitsandbytes_{want}") for lib in libs)
-        out.add("qlora", "ok" if ok else "warn", f"{ver}: " + ("has a CUDA build matching torch" if ok else
-                f"no libbitsandbytes_{want}.so for this CUDA torch"), f"libraries: {', '.join(libs) or 'none'}",
-                "" if ok else "pip install -U bitsandbytes; or use LoRA instead")
+        out.add("qlora", "ok" if ok else "warn", f"{ver}: " + (f"has a {label} build matching torch" if ok else
+                f"no libbitsandbytes_{want}{pattern} for this {label} torch"),
+                f"libraries: {', '.join(libs) or 'none'}",
+                "" if ok else fix)
     else:
         out.add("qlora", "ok", f"{ver} installed; QLoRA needs a GPU, on the CPU use LoRA",
                 "4-bit kernels on the CPU are slower than fp32 LoRA", "")

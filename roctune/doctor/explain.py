@@ -89,7 +89,8 @@ def _kernel(lines: list[str], text: str) -> Explanation | None:
                 "a fused kernel (flash-attn or another custom kernel) has no working path for this GPU, dtype or "
                 "head size", ["use PyTorch's attention: --attn sdpa",
                               "or remove the package: pip uninstall -y flash-attn",
-                              "ROCm RDNA: flash-attn needs its Triton backend: export FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE"],
+                              "ROCm RDNA: flash-attn needs its Triton backend: "
+                              "export FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE"],
                 flash or _find(lines, r"Kernel not supported"))
 
 
@@ -121,7 +122,8 @@ def _no_gpu(lines: list[str], text: str) -> Explanation | None:
                  "containers: docker run " + CONTAINER_FLAGS + " (NVIDIA: --gpus all)"],
                 _find(lines, r"torch\.cuda\.is_available\(\)\W*(is |was |returned |returns |==\s*)?False|"
                              r"No (CUDA|HIP) GPUs are available|no ROCm-capable device|hipErrorNoDevice|"
-                             r"Found no NVIDIA driver|CUDA driver initialization failed|this torch is a CPU-only build"))
+                             r"Found no NVIDIA driver|CUDA driver initialization failed|"
+                             r"this torch is a CPU-only build"))
 
 
 def _collective(lines: list[str], text: str) -> Explanation | None:

@@ -110,9 +110,9 @@ def check_torch_build(c: Context, out: Findings) -> None:
     """The torch build against the hardware: a CPU torch on a GPU machine is the commonest problem."""
     m, t = c.m, c.t
     if c.backend == "none":
+        index = rocm_wheel_index(m.rocm_version) if c.amd else "https://download.pytorch.org/whl/cpu"
         out.add("torch.build", "fail", "torch is not installed", t.get("error", ""),
-                "make setup  (or: pip install torch --index-url " + (rocm_wheel_index(m.rocm_version) if c.amd
-                                                                      else "https://download.pytorch.org/whl/cpu") + ")")
+                f"make setup  (or: pip install torch --index-url {index})")
     elif c.amd and c.backend != "rocm":
         index = rocm_wheel_index(m.rocm_version)
         why = (f"PyTorch reaches AMD GPUs only through its ROCm build; the wheel index is matched to the installed "
@@ -144,7 +144,8 @@ def check_amd_driver(c: Context, out: Findings) -> None:
     if m.dev_kfd is None:
         _missing_kfd(m, out)
     if not m.render_nodes and m.dev_kfd is not None:
-        out.add("amd.render", "fail", "no /dev/dri/renderD* node", "HIP opens the GPU's render node as well as /dev/kfd",
+        out.add("amd.render", "fail", "no /dev/dri/renderD* node",
+                "HIP opens the GPU's render node as well as /dev/kfd",
                 f"in a container: docker run {CONTAINER_FLAGS}; on the host: sudo udevadm trigger or reboot")
     _amd_access(m, out)
     if m.rocm_version:
@@ -188,7 +189,7 @@ def _amd_access(m: Machine, out: Findings) -> None:
             out.add("amd.access", "fail", f"user {m.user} cannot open {names}",
                     f"{m.user} is in groups [{', '.join(m.user_groups) or 'none'}], not in {' or '.join(need)}",
                     f"sudo usermod -aG render,video {m.user}, then log out and in"
-                    + (f" (in a container: docker run ... --group-add render --group-add video)" if m.container else ""))
+                    + (" (in a container: docker run ... --group-add render --group-add video)" if m.container else ""))
     elif nodes:
         out.add("amd.access", "ok", f"{m.user} can open " + " and ".join(n["path"] for n in nodes),
                 "world-accessible" if all(n["world"] for n in nodes) else
@@ -223,7 +224,8 @@ def check_torch_sees_gpu(c: Context, out: Findings) -> None:
         if not any(f.level == "fail" for f in out):  # an earlier failure already names the cause
             out.add("torch.gpu", "fail", f"{c.torch_desc} sees no GPU (torch.cuda.is_available() is False)",
                     t.get("error") or "driver, device permissions or visibility env vars",
-                    "run `roctune doctor --json` on the host and compare; check `rocminfo`/`nvidia-smi` works for this user")
+                    "run `roctune doctor --json` on the host and compare; "
+                    "check `rocminfo`/`nvidia-smi` works for this user")
     elif c.backend in ("rocm", "cuda") and t.get("cuda_available"):
         n = t.get("device_count") or 0
         out.add("torch.gpu", "ok", f"torch sees {n} GPU{'s' if n != 1 else ''}",
@@ -293,7 +295,8 @@ def _arch_finding(c: Context, out: Findings, i: int, g: Gpu, arch: Arch | None, 
                 "roctune train --device cpu ...")
     elif state == "missing":
         out.add(fid, "fail" if rocm_torch else "warn", f"{desc}: this torch build has no kernels for {g.gfx}",
-                f"its arch list is {', '.join(t.get('arch_list') or [])}" + (f"; {arch.note}" if arch and arch.note else ""),
+                f"its arch list is {', '.join(t.get('arch_list') or [])}"
+                + (f"; {arch.note}" if arch and arch.note else ""),
                 torch_install_line(rocm_wheel_index(None)))
     else:
         out.add(fid, "warn", f"{desc}: an architecture roctune does not know",
