@@ -128,7 +128,7 @@ def run_baseline(w: Workload) -> dict:
 
     from roctune.data.records import load_records
     from roctune.data.render import tokenize_records
-    from roctune.env import choose_device, choose_dtype, torch_dtype
+    from roctune.hardware import choose_device, choose_dtype, torch_dtype
     from roctune.models import load_tokenizer, resolve_model
     from roctune.training.batching import plan_steps
 
@@ -198,7 +198,7 @@ def measure_peak_flops(device: str, dtype: str, size: int = 2048, seconds: float
     """FLOP/s of a large square matmul in the training dtype on this device (the MFU denominator)."""
     import torch
 
-    from roctune.env import torch_dtype
+    from roctune.hardware import torch_dtype
 
     dev = "cuda" if device == "cuda" else "cpu"
     n = size if dev == "cpu" else 8192
@@ -264,7 +264,7 @@ def summarize(name: str, r: dict, peak_flops: float, flops_per_token: float) -> 
 
 
 def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log=print) -> dict:
-    from roctune.env import choose_device, choose_dtype
+    from roctune.hardware import choose_device, choose_dtype
     from roctune.models import resolve_model
 
     own_data = w.data is None

@@ -23,7 +23,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
                        dtype: str = "auto", trust_remote_code: bool = False) -> Loaded:
     """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top.
     The run directory of a freeze/full training holds a whole model: it is loaded as the model itself."""
-    from roctune.env import choose_attention, choose_device, choose_dtype
+    from roctune.hardware import choose_attention, choose_device, choose_dtype
     from roctune.models import load_model, load_tokenizer, resolve_model
 
     base_name = model

@@ -92,7 +92,7 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
     import torch
     from peft import PeftModel
 
-    from roctune.env import torch_dtype
+    from roctune.hardware import torch_dtype
     from roctune.methods import bitsandbytes_problem, load_4bit
 
     problem = bitsandbytes_problem("cpu")

@@ -26,7 +26,7 @@ def bitsandbytes_problem(device: str) -> str | None:
     """None when bitsandbytes can quantize to 4 bits on `device` ("cuda" also means ROCm, or "cpu");
     otherwise what is wrong and what to install. It tries a real 4-bit quantization of a small tensor, so a
     wheel without a binary for this backend (or this GPU) is caught here rather than halfway into loading."""
-    from roctune.env import torch_backend
+    from roctune.hardware import torch_backend
 
     backend = "cpu" if device == "cpu" else torch_backend()
     label = {"rocm": "ROCm", "cuda": "CUDA", "cpu": "the CPU"}[backend]
@@ -123,7 +123,7 @@ def check(cfg, base_model: str) -> None:
             raise ConfigError(f"--adapter {cfg.adapter}: no adapter_config.json there; give the run directory "
                               "of a finished LoRA training")
     if cfg.method == "qlora":
-        from roctune.env import choose_device
+        from roctune.hardware import choose_device
 
         problem = bitsandbytes_problem(choose_device(cfg.device).value)
         if problem:
@@ -174,7 +174,7 @@ def check(cfg, base_model: str) -> None:
 def qlora_config(dtype: str):
     from transformers import BitsAndBytesConfig
 
-    from roctune.env import torch_dtype
+    from roctune.hardware import torch_dtype
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=torch_dtype(dtype), bnb_4bit_quant_storage="uint8")
@@ -185,7 +185,7 @@ def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from roctune.env import torch_dtype
+    from roctune.hardware import torch_dtype
 
     where = "cpu" if device == "cpu" else torch.cuda.current_device()
     model = AutoModelForCausalLM.from_pretrained(

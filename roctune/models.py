@@ -128,7 +128,7 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
 
     from transformers.utils import logging as hf_logging
 
-    from roctune.env import torch_dtype
+    from roctune.hardware import torch_dtype
 
     hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
     try:

@@ -195,7 +195,7 @@ class Engine:
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
                  batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024):
-        from roctune.env import choose_attention, choose_device, choose_dtype
+        from roctune.hardware import choose_attention, choose_device, choose_dtype
         from roctune.models import DEFAULT_MODEL, load_model, load_tokenizer, resolve_model
 
         if max_batch < 1:

@@ -53,10 +53,10 @@ LEVEL_COLOR = {"ok": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e"}
 
 def doctor_html() -> str:
     """The `roctune doctor` findings as an HTML table (message, why and fix for each)."""
-    from roctune import doctor
+    from roctune import doctor, hardware
 
     try:
-        report = doctor.diagnose(doctor.gather("/"))
+        report = doctor.diagnose(hardware.gather("/"))
     except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
         return _box(error_line("doctor", e), "error")
     t = report.machine.torch
@@ -252,8 +252,8 @@ def settings_check(s: TrainSettings) -> None:
 
 def memory_html(s: TrainSettings) -> str:
     """The memory estimate for these settings, and whether it fits this machine's GPU (or RAM)."""
-    from roctune.env import choose_device, choose_dtype
-    from roctune.memory import _system_memory_bytes, detected_gpu, estimate
+    from roctune.hardware import choose_device, choose_dtype, detected_gpu, system_memory_bytes
+    from roctune.memory import estimate
     from roctune.models import resolve_model
 
     device = choose_device(s.device or "auto").value
@@ -273,7 +273,7 @@ def memory_html(s: TrainSettings) -> str:
         gpu = detected_gpu()
         where, avail = (gpu[0], gpu[1]) if gpu else ("the GPU", None)
     else:
-        where, avail = "system RAM", _system_memory_bytes()
+        where, avail = "system RAM", system_memory_bytes()
     if avail is None:
         fit = ""
     elif est.fits(avail):

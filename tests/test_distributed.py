@@ -166,11 +166,11 @@ def _no_gpu(monkeypatch):
 def _one_gpu(monkeypatch):
     import torch
 
-    import roctune.env
+    import roctune.hardware.choices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(roctune.env, "accelerator_name", lambda index=0: "Radeon Test (gfx1100)")
+    monkeypatch.setattr(roctune.hardware.choices, "accelerator_name", lambda index=0: "Radeon Test (gfx1100)")
 
 
 def _refused(capsys, args, out):

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import doctor_machines as dm  # noqa: E402
 
-from roctune import doctor  # noqa: E402
+from roctune import doctor, hardware  # noqa: E402
 from roctune.commands import doctor as doctor_cmd  # noqa: E402
 from roctune.errors import EnvironmentProblem  # noqa: E402
 
@@ -23,12 +23,12 @@ XTX = ("Radeon RX 7900 XTX", "gfx1100", 24 * dm.GiB)
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for key in doctor.ENV_KEYS + (doctor.TORCH_FACTS_ENV,):
+    for key in hardware.ENV_KEYS + (doctor.TORCH_FACTS_ENV,):
         monkeypatch.delenv(key, raising=False)
 
 
 def diagnose(root, facts, user="alice", env=None):
-    return doctor.diagnose(doctor.gather(str(root), user, facts, env=env or {}))
+    return doctor.diagnose(hardware.gather(str(root), user, facts, env=env or {}))
 
 
 def cli(argv, capsys, monkeypatch=None, stdin=None) -> tuple[int, str]:
@@ -47,20 +47,20 @@ def cli(argv, capsys, monkeypatch=None, stdin=None) -> tuple[int, str]:
 @pytest.mark.parametrize("value, name", [(110000, "gfx1100"), (100301, "gfx1031"), (80003, "gfx803"),
                                          (90402, "gfx942"), (90010, "gfx90a"), (120001, "gfx1201"), (0, None)])
 def test_gfx_name(value, name):
-    assert doctor.gfx_name(value) == name
+    assert hardware.gfx_name(value) == name
 
 
 def test_parse_override():
-    assert doctor.parse_override("10.3.0") == "gfx1030"
-    assert doctor.parse_override("11.0.0") == "gfx1100"
-    assert doctor.parse_override("gfx1030") is None and doctor.parse_override(None) is None
+    assert hardware.parse_override("10.3.0") == "gfx1030"
+    assert hardware.parse_override("11.0.0") == "gfx1100"
+    assert hardware.parse_override("gfx1030") is None and hardware.parse_override(None) is None
 
 
 @pytest.mark.parametrize("installed, index", [("6.4.1", "rocm6.4"), ("6.2.2", "rocm6.2"), ("6.2.4", "rocm6.2.4"),
-                                              ("7.0.2", "rocm7.0"), ("9.9", "rocm" + doctor.ROCM_WHEEL_INDEXES[-1]),
-                                              ("5.0", "rocm5.7"), (None, "rocm" + doctor.ROCM_WHEEL_INDEXES[-1])])
+                                              ("7.0.2", "rocm7.0"), ("9.9", "rocm" + hardware.ROCM_WHEEL_INDEXES[-1]),
+                                              ("5.0", "rocm5.7"), (None, "rocm" + hardware.ROCM_WHEEL_INDEXES[-1])])
 def test_rocm_wheel_index(installed, index):
-    assert doctor.rocm_wheel_index(installed) == f"https://download.pytorch.org/whl/{index}"
+    assert hardware.rocm_wheel_index(installed) == f"https://download.pytorch.org/whl/{index}"
 
 
 def test_lora_fit_is_rough_but_sane():
@@ -257,7 +257,7 @@ def test_bitsandbytes_and_flash_attn_judged_for_the_backend(tmp_path):
 
 
 def test_this_machine_live():
-    r = doctor.diagnose(doctor.gather("/"))
+    r = doctor.diagnose(hardware.gather("/"))
     assert r.verdict in ("ok", "warn")
     if not r.machine.gpus:
         assert r.verdict == "warn" and r.get("cpu").level == "warn"
@@ -311,30 +311,30 @@ def test_preflight_on_this_machine_is_fast_and_passes():
     import torch  # noqa: F401  (train has imported it already; preflight's own cost is what counts)
 
     start = time.perf_counter()
-    report = doctor.preflight("auto")
+    report = hardware.preflight("auto")
     assert time.perf_counter() - start < 1.0
     assert report.verdict in ("ok", "warn")
 
 
 def test_preflight_cpu_machine(tmp_path):
-    assert doctor.preflight("auto", root=str(dm.cpu_only(tmp_path)), torch_facts=dm.cpu_torch()).verdict == "warn"
+    assert hardware.preflight("auto", root=str(dm.cpu_only(tmp_path)), torch_facts=dm.cpu_torch()).verdict == "warn"
 
 
 def test_preflight_stops_on_amd_gpu_with_cpu_torch(tmp_path):
     root = str(dm.amd(tmp_path, [dm.RX7900XTX]))
     with pytest.raises(EnvironmentProblem) as e:
-        doctor.preflight("auto", root=root, torch_facts=dm.cpu_torch())
+        hardware.preflight("auto", root=root, torch_facts=dm.cpu_torch())
     assert "--index-url https://download.pytorch.org/whl/rocm6.4" in str(e.value) and "--device cpu" in str(e.value)
     assert e.value.exit_code == 1
-    assert doctor.preflight("cpu", root=root, torch_facts=dm.cpu_torch()).verdict == "fail"
+    assert hardware.preflight("cpu", root=root, torch_facts=dm.cpu_torch()).verdict == "fail"
 
 
 def test_preflight_stops_on_unsupported_arch_with_rocm_torch(tmp_path):
     root = str(dm.amd(tmp_path, [dm.RX580]))
     facts = dm.rocm_torch([("Radeon RX 580 Series", "gfx803", 8 * dm.GiB)])
     with pytest.raises(EnvironmentProblem, match="gfx803"):
-        doctor.preflight("auto", root=root, torch_facts=facts)
-    doctor.preflight("cpu", root=root, torch_facts=facts)
+        hardware.preflight("auto", root=root, torch_facts=facts)
+    hardware.preflight("cpu", root=root, torch_facts=facts)
 
 
 # -------------------------------------------------------------------------------------------- explain

@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from roctune.errors import ConfigError
+from roctune.hardware import gpu_memory_bytes, gpu_name
 from roctune.memory import (QLORA_BYTES_PER_PARAM, Architecture, MemoryEstimate, estimate, fit_suggestions,
-                            gpu_memory_bytes, gpu_name, largest_fitting, load_config)
+                            largest_fitting, load_config)
 
 GiB = 2**30
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -227,7 +228,8 @@ def test_target_modules():
 
 
 def test_memory_module_does_not_import_torch():
-    code = ("import sys, roctune.memory as m; m.estimate('Qwen2.5-7B'); m.gpu_memory_bytes('h100'); "
+    code = ("import sys, roctune.memory as m, roctune.hardware as h; m.estimate('Qwen2.5-7B'); "
+            "h.gpu_memory_bytes('h100'); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

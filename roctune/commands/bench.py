@@ -35,7 +35,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from roctune.bench import Workload, main_bench
-    from roctune.env import flash_attn_available
+    from roctune.hardware import flash_attn_available
 
     attns = [a.strip() for a in args.attn.split(",") if a.strip()]
     skipped = [a for a in attns if a == "flash_attention_2" and not flash_attn_available()]

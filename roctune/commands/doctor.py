@@ -1,5 +1,6 @@
 """`roctune doctor`: check this machine (or a mounted system image) for LoRA training and print what to
-fix; `--explain LOG` recognises known failures in a training log. The checks live in `roctune.doctor`."""
+fix; `--explain LOG` recognises known failures in a training log. The facts come from `roctune.hardware`,
+the checks live in `roctune.doctor`."""
 from __future__ import annotations
 
 import json
@@ -32,17 +33,17 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from roctune import doctor
+    from roctune import doctor, hardware
 
     if args.explain:
         return _explain(doctor, args)
     spec = args.torch_facts or os.environ.get(doctor.TORCH_FACTS_ENV)
-    facts = doctor.load_torch_facts(spec) if spec else None
+    facts = hardware.load_torch_facts(spec) if spec else None
     if not os.path.isdir(args.root):
         from roctune.errors import ConfigError
 
         raise ConfigError(f"--root {args.root}: not a directory")
-    machine = doctor.gather(args.root, args.user, facts, use_tools=not args.no_tools)
+    machine = hardware.gather(args.root, args.user, facts, use_tools=not args.no_tools)
     report = doctor.diagnose(machine)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))

@@ -42,7 +42,8 @@ def register(sub) -> None:
 
 
 def _gpu(args) -> tuple[str | None, int | None]:
-    from roctune.memory import GiB, detected_gpu, gpu_memory_bytes, gpu_name
+    from roctune.hardware import detected_gpu, gpu_memory_bytes, gpu_name
+    from roctune.memory import GiB
 
     if args.gpu:
         return gpu_name(args.gpu), gpu_memory_bytes(args.gpu)
@@ -65,14 +66,14 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from roctune import memory
+    from roctune import hardware, memory
 
     console = Console()
     if args.list_gpus:
         t = Table(title="built-in GPU table")
         t.add_column("GPU")
         t.add_column("memory (GiB)", justify="right")
-        for name, gib in memory.GPU_MEMORY_GIB.items():
+        for name, gib in hardware.GPU_MEMORY_GIB.items():
             t.add_row(name, "shared: half of system RAM" if gib is None else f"{gib:g}")
         console.print(t)
         return 0

@@ -50,7 +50,7 @@ def check_launch(cfg) -> str:
     if cfg.nnodes > 1 and not cfg.master_addr:
         raise ConfigError("--nnodes > 1 needs --master-addr: the address of the node with --node-rank 0, "
                           "reachable from every node")
-    from roctune.env import choose_device
+    from roctune.hardware import choose_device
 
     device = choose_device(cfg.device).value
     gpus = visible_gpus()

@@ -68,7 +68,7 @@ def autocast(setup: Setup):
     import torch
 
     if setup.device == "cuda" and setup.dtype in ("bf16", "fp16"):
-        from roctune.env import torch_dtype
+        from roctune.hardware import torch_dtype
 
         return torch.autocast("cuda", dtype=torch_dtype(setup.dtype))
     return contextlib.nullcontext()

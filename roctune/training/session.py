@@ -30,7 +30,7 @@ class Setup:
 
 def choose(cfg, base_model: str) -> Setup:
     """Device, dtype and attention kernel for this machine and cfg, each with its reason."""
-    from roctune.env import choose_attention, choose_device, choose_dtype
+    from roctune.hardware import choose_attention, choose_device, choose_dtype
 
     device = choose_device(cfg.device)
     dtype = choose_dtype(cfg.dtype, device.value)
@@ -49,7 +49,7 @@ def choose(cfg, base_model: str) -> Setup:
 def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     """Preflight, choices, process group, seeds and tokenizer. Returns (setup, dist, tokenizer); `say` is
     silenced on every rank but 0 by the caller's use of `dist.is_main`."""
-    from roctune.doctor import preflight
+    from roctune.hardware import preflight
     from roctune.models import load_tokenizer
 
     for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible

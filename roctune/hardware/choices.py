@@ -1,7 +1,10 @@
 """What this machine can do, for training and inference: device, dtype and attention kernel, each
 returned with the reason shown to the user. ROCm and CUDA are one path: PyTorch exposes ROCm through
 `torch.cuda` (with `torch.version.hip` set), so the code asks "is there an accelerator" and never
-"is this NVIDIA". Hardware facts read from sysfs for `roctune doctor` live in `roctune.doctor`.
+"is this NVIDIA". Facts read from sysfs live in `roctune.hardware.probe`.
+
+`choose_dtype` and `choose_attention` take optional `bf16` / `flash_attn` facts so that `roctune doctor`
+can ask the same question about a simulated or remote machine and get the same answer training gets.
 """
 from __future__ import annotations
 
@@ -70,23 +73,28 @@ def bf16_supported(device: str) -> bool:
         return False
 
 
-def choose_dtype(requested: str, device: str) -> Choice:
+def choose_dtype(requested: str, device: str, *, bf16: bool | None = None) -> Choice:
     """bf16 on GPUs that support it, fp16 on other GPUs, fp32 on the CPU.
 
     On the CPU bf16 matmul is hundreds of times slower than fp32 on machines without AMX/AVX512-BF16,
-    so fp32 is the only sensible default there.
+    so fp32 is the only sensible default there. `bf16`: whether the GPU has bf16, when known without
+    asking torch (doctor's facts); None asks the running torch.
     """
+
+    def supported() -> bool:  # asked only where needed: asking torch may initialise the GPU runtime
+        return bf16_supported(device) if bf16 is None else (device != "cpu" and bool(bf16))
+
     if requested not in ("auto", "bf16", "fp16", "fp32"):
         raise ConfigError(f"--dtype {requested!r}: expected auto, bf16, fp16 or fp32")
     if requested != "auto":
         if device == "cpu" and requested in ("bf16", "fp16"):
             return Choice(requested, "asked for; note: on most CPUs half-precision matmul is far slower than fp32")
-        if requested == "bf16" and not bf16_supported(device):
+        if requested == "bf16" and not supported():
             raise EnvironmentProblem("--dtype bf16: this GPU does not support bf16; use --dtype fp16 or auto")
         return Choice(requested, "asked for with --dtype")
     if device == "cpu":
         return Choice("fp32", "CPU: fp32 matmul is far faster than bf16 here")
-    if bf16_supported(device):
+    if supported():
         return Choice("bf16", "GPU supports bf16")
     return Choice("fp16", "GPU has no bf16 support")
 
@@ -101,14 +109,16 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def choose_attention(requested: str, device: str, dtype: str) -> Choice:
+def choose_attention(requested: str, device: str, dtype: str, *, flash_attn: bool | None = None) -> Choice:
     """flash_attention_2 when installed on a GPU in half precision, else sdpa (PyTorch's fused kernels,
-    including AOTriton on ROCm), else eager."""
+    including AOTriton on ROCm), else eager. `flash_attn`: whether flash-attn is installed, when known
+    (doctor's facts); None looks for the package here."""
+    installed = flash_attn_available if flash_attn is None else (lambda: bool(flash_attn))
     valid = ("auto", "eager", "sdpa", "flash_attention_2")
     if requested not in valid:
         raise ConfigError(f"--attn {requested!r}: expected one of {', '.join(valid)}")
     if requested == "flash_attention_2":
-        if not flash_attn_available():
+        if not installed():
             raise EnvironmentProblem("--attn flash_attention_2: the flash-attn package is not installed; "
                                      "install the build for your GPU (ROCm: the ROCm/flash-attention fork) "
                                      "or use --attn sdpa")
@@ -117,7 +127,7 @@ def choose_attention(requested: str, device: str, dtype: str) -> Choice:
         return Choice(requested, "asked for with --attn")
     if requested != "auto":
         return Choice(requested, "asked for with --attn")
-    if device != "cpu" and dtype != "fp32" and flash_attn_available():
+    if device != "cpu" and dtype != "fp32" and installed():
         return Choice("flash_attention_2", "flash-attn is installed and the GPU runs in half precision")
     if device == "cpu":
         return Choice("sdpa", "PyTorch scaled_dot_product_attention (fastest kernel on the CPU)")

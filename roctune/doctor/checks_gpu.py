@@ -1,0 +1,80 @@
+"""Doctor checks of GPU capacity: how large a model LoRA / QLoRA fits in each GPU's free memory (a rough
+rule; `roctune estimate` is the precise tool), and for several GPUs, whether they have direct peer access
+and share one architecture.
+"""
+from __future__ import annotations
+
+from roctune.hardware.readiness import Context, visible_indices
+from roctune.hardware.report import Findings
+
+
+def _gb(n: int | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def _size_b(x: float) -> str:
+    return f"~{x:.0f}B" if x >= 10 else f"~{x:.1f}B"
+
+
+def lora_fit(vram_bytes: int) -> tuple[float, float]:
+    """Rough largest model (billions of parameters) for LoRA in bf16 and for QLoRA (4-bit) at short
+    sequence lengths and small batches: about 2.4 and 0.75 bytes per parameter after ~1.5 GiB overhead."""
+    usable = max(0.0, vram_bytes / 2**30 * 0.92 - 1.5)
+    return usable / 2.4, usable / 0.75
+
+
+def check_vram(c: Context, out: Findings) -> None:
+    for i, g in enumerate(c.m.gpus):
+        if not g.vram_bytes:
+            continue
+        free = g.vram_bytes - (g.vram_used_bytes or 0)
+        lora, qlora = lora_fit(free)
+        out.add(f"gpu{i}.vram", "ok" if lora >= 0.5 else "warn",
+                f"GPU {i}: {_gb(g.vram_bytes)} VRAM, {_gb(free)} free: LoRA in bf16 fits models up to {_size_b(lora)} "
+                f"parameters, QLoRA up to {_size_b(qlora)}",
+                "rough: about 2.4 bytes per parameter for bf16 LoRA and 0.75 for QLoRA at short lengths and small "
+                "batches (`roctune estimate` is the precise tool)",
+                "" if lora >= 0.5 else "use a smaller model or QLoRA")
+
+
+def _lacking_peers(c: Context, idx: list[int]) -> tuple[list[tuple[int, int]], str, str]:
+    """GPU pairs without direct peer access, how that was learned, and the link kinds found.
+
+    torch's own answer is used when it sees exactly these GPUs; otherwise the KFD topology's links."""
+    m, n_vis = c.m, len(idx)
+    pairs = [(a, b) for k, a in enumerate(idx) for b in idx[k + 1:]]
+    peer = c.t.get("peer")
+    if peer and len(peer) == n_vis and c.train_gpu:
+        lacking = [(a, b) for (ka, a) in enumerate(idx) for (kb, b) in enumerate(idx)
+                   if ka < kb and not (peer[ka][kb] and peer[kb][ka])]
+        return lacking, "torch.cuda.can_device_access_peer", ""
+    lacking = [(a, b) for a, b in pairs if f"{a}-{b}" not in m.links]
+    how = "the KFD topology" if c.amd else "unknown without torch"
+    kinds = " (" + ", ".join(sorted({m.links[f'{a}-{b}'].upper() for a, b in pairs if f"{a}-{b}" in m.links})) \
+        + ")" if any(f"{a}-{b}" in m.links for a, b in pairs) else ""
+    return lacking, how, kinds
+
+
+def check_multi_gpu(c: Context, out: Findings) -> None:
+    m, amd, nv = c.m, c.amd, c.nv
+    vis = [g for k, g in enumerate(amd) if k in visible_indices(m, "amd", len(amd))] + \
+        [g for k, g in enumerate(nv) if k in visible_indices(m, "nvidia", len(nv))]
+    if len(vis) <= 1:
+        return
+    idx = [m.gpus.index(g) for g in vis]
+    lacking, how, kinds = _lacking_peers(c, idx)
+    names = ", ".join(f"{i}: {m.gpus[i].name}" for i in idx)
+    gfxs = {m.gpus[i].gfx for i in idx if m.gpus[i].gfx}
+    if not lacking:
+        out.add("multi_gpu", "ok", f"{len(vis)} GPUs visible, all with direct peer access{kinds}",
+                f"{names}; from {how}")
+    else:
+        out.add("multi_gpu", "warn", f"{len(vis)} GPUs visible; no direct peer access between "
+                + ", ".join(f"{a}↔{b}" for a, b in lacking),
+                f"{names}; from {how}. Multi-GPU training still works, but tensors travel through host memory",
+                "check the IOMMU (kernel parameter iommu=pt) and BIOS settings (Above 4G decoding, Resizable BAR)"
+                "; or train on one GPU: " + ("HIP_VISIBLE_DEVICES=0" if amd else "CUDA_VISIBLE_DEVICES=0"))
+    if len(gfxs) > 1:
+        out.add("multi_gpu.mixed", "warn", f"mixed architectures: {', '.join(sorted(gfxs))}",
+                "one process runs one set of kernels (and one HSA_OVERRIDE_GFX_VERSION) for all GPUs",
+                "pick GPUs of one kind: HIP_VISIBLE_DEVICES=<indices>")
