@@ -17,6 +17,7 @@ CARD16 = "6222021234567894"         # passes Luhn
 CARD19 = "6222021234567890128"      # passes Luhn
 VISA = "4111111111111111"
 CARD_BAD = "6222021234567895"       # fails Luhn
+ID_OK_FULLWIDTH = ID_OK.translate(str.maketrans("0123456789", "０１２３４５６７８９"))
 
 
 def test_validators():
@@ -51,6 +52,22 @@ TRUE_CASES = [
     ("landline", "(0755)23456789", "<LANDLINE>"),
     ("landline", "总机 0571 87654321-123", "总机 <LANDLINE>"),
     ("landline", "+86 021-62345678", "<LANDLINE>"),
+    # a space inside the subscriber number (4+4, or 3+4 for a 7-digit number)
+    ("landline", "电话0755-8888 9999转", "电话<LANDLINE>转"),
+    ("landline", "tel 010 6234 5678.", "tel <LANDLINE>."),
+    ("landline", "(0755)8888 9999-12", "<LANDLINE>"),
+    ("landline", "总机0571-876 5432", "总机<LANDLINE>"),
+    # dialled from abroad: +86 and the area code without its leading 0
+    ("landline", "北京+86 10 6552 9988", "北京<LANDLINE>"),
+    ("landline", "+86-755-88889999", "<LANDLINE>"),
+    ("landline", "+86 (21) 62345678", "<LANDLINE>"),
+    # full-width digits
+    ("phone", "手机１３８００１３８０００。", "手机<PHONE>。"),
+    ("phone", "+86 １３８ ００１３ ８０００", "<PHONE>"),
+    ("id_card", f"身份证{ID_OK_FULLWIDTH}", "身份证<ID_CARD>"),
+    ("bank_card", "卡号６２２２０２１２３４５６７８９４", "卡号<BANK_CARD>"),
+    ("landline", "电话０１０-６２３４５６７８", "电话<LANDLINE>"),
+    ("ip", "ip １９２.１６８.１.２０ ok", "ip <IP> ok"),
 ]
 
 
@@ -79,6 +96,13 @@ LOOKALIKES = [
     "isbn 978-7-111-12345-6 and 0.5-1234",      # other dashes
     "user@localhost and @handle",               # no domain
     "a12345678901 and 12345678901b",            # glued on either side
+    "0755-8888 99999 and 0755-8888 999",         # landline-like groups of the wrong length
+    "0755-88 889999 and 2023-1234 5678",         # grouped otherwise; no area code
+    "+86 10 1234 5678 and +86 12 62345678",      # local numbers start 2-9; no area code 12
+    "+86 10 6552 99881 and +86 1065529988",      # too long; area code not set apart
+    "编号 10 6552 9988",                          # no +86 before an area code without its 0
+    "１３８００１３８０００１ and 订单１２３４５６７８９０１２",  # full-width: 12 digits, an order number
+    "价格１３８００元，ＡＢ１３８００１３８０００",        # full-width: a price, glued to full-width letters
 ]
 
 
@@ -115,6 +139,16 @@ def test_jsonl_keeps_format_and_non_text_fields(tmp_path):
                    {"role": "assistant", "content": "ok"}], "ok": True, "n": None}
     assert report["counts"]["phone"] == 1 and report["counts"]["email"] == 1
     assert report["records"] == 3 and report["records_changed"] == 1
+
+
+def test_jsonl_full_width_digits_are_found_on_raw_lines(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"instruction": "手机１３８００１３８０００", "output": "价格１３８００元"},
+                              ensure_ascii=False) + "\n", encoding="utf-8")
+    report = scrub_file(str(src), str(tmp_path / "out.jsonl"))
+    assert json.loads((tmp_path / "out.jsonl").read_text(encoding="utf-8")) == {
+        "instruction": "手机<PHONE>", "output": "价格１３８００元"}
+    assert report["counts"]["phone"] == 1
 
 
 def test_json_array_csv_parquet_keep_their_format(tmp_path):

@@ -115,7 +115,7 @@ def test_target_module_aliases():
     b = config_from_args(p.parse_args(["train", "--lora-target", "all-linear"]))
     assert a.target_modules == b.target_modules == ["all-linear"]
     assert apply(TrainConfig(), {"lora_target": "q_proj,v_proj"}, "x.yaml").target_modules == ["q_proj", "v_proj"]
-    with pytest.raises(ConfigError, match="method 'dora'"):
+    with pytest.raises(ConfigError, match="--method must be one of lora, qlora, freeze, full \\(got 'dora'\\)"):
         TrainConfig(data=["d"], output="o", method="dora").validate()
 
 

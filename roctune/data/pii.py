@@ -6,6 +6,7 @@ must carry a valid GB 11643-1999 check digit (and a real region and birth date) 
 number must pass the Luhn check, a mobile number must be a whole number starting 13-19, an IPv4 address
 must have four octets 0-255 and not be part of a version string. Numbers glued to letters or other digits
 (order numbers, hashes, timestamps) never match because every pattern requires a boundary on both sides.
+Full-width digits (０-９) are read as the digits they stand for, full-width letters as letters.
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ _R = r"(?![0-9A-Za-z_]|\.[0-9])"
 _EMAIL = re.compile(r"[A-Za-z0-9](?<![A-Za-z0-9._%+-][A-Za-z0-9])[A-Za-z0-9._%+-]*"  # local part
                     r"@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"  # first domain label
                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9-])")
-_LOCAL = r"[2-9][0-9]{6,7}(?:-[0-9]{1,5})?"  # landline local number, optional extension
+# Landline local number, 7 or 8 digits (or grouped 3+4 or 4+4 with a space), optional extension.
+_LOCAL = r"(?:[2-9][0-9]{6,7}|[2-9][0-9]{2,3} [0-9]{4})(?:-[0-9]{1,5})?"
+# Area codes as dialled from abroad (+86), without the leading 0: 10, 2X, then three digits from 3XX.
+_AREA_INTL = r"(?:10|2[0-9]|[3-9][0-9]{2})"
 # One pass finds every numeric candidate (IP addresses included); the named group says which shape
 # matched, the validators decide.
 _NUMBER = re.compile(
@@ -45,7 +49,8 @@ _NUMBER = re.compile(
     r"|(?P<phone>(?:(?<=\+)86|(?<=0)086|(?<=8)6)[ -]?1[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R
     + r"|(?<=1)[3-9][0-9](?:[ -]?[0-9]{4}){2}" + _R + r")"
     r"|(?P<ip>(?<=[0-9])[0-9]{0,2}(?:\.[0-9]{1,3}){3}" + _R + r")"
-    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\(0[0-9]{2,3}\)[ -]?|0[0-9]{2,3}[- ])"
+    r"|(?P<landline>(?:(?<=\+)86[ -]?(?:\((?:0[0-9]{2,3}|" + _AREA_INTL + r")\)[ -]?"
+    r"|(?:0[0-9]{2,3}|" + _AREA_INTL + r")[- ])"
     r"|(?<=\()0[0-9]{2,3}\)[ -]?|(?<=0)[0-9]{2,3}[- ])"
     + _LOCAL + _R + r")"
     r")")
@@ -53,9 +58,17 @@ _PHONE_15 = re.compile(r"00861[3-9][0-9]{9}")
 # Cheap tests (each starts with a class, so the engine scans in C) that a string may hold something at all:
 # 7 digits in a row, a grouped number or the start of an IP address.
 _HINT = re.compile(r"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
-# The same on a raw JSON Lines line; `line_may_match` adds '@' (e-mail) and '\u' (an escape could hide anything).
+# The same on a raw JSON Lines line; `line_may_match` adds '@' (e-mail), '\u' (an escape could hide
+# anything) and any full-width digit (UTF-8 EF BC 90-99; a separate pattern keeps both fast).
 LINE_HINT = re.compile(rb"[0-9](?:[0-9]{6}|[ -][0-9]{4}|\)[0-9]|\.[0-9]{1,3}\.[0-9])")
+_LINE_FULLWIDTH_DIGIT = re.compile(rb"\xef\xbc[\x90-\x99]")
 _VERSION_BEFORE = re.compile(r"(?:\b(?:v|ver|version|release|build|rev)|版本|版本号)[\s:：=]*$", re.IGNORECASE)
+_FULLWIDTH_DIGIT = re.compile("[\uff10-\uff19]")
+# Full-width digits and letters as ASCII, one character for one (letters too, so that they still count as
+# the letters a number must not be glued to).
+_FROM_FULLWIDTH = {0xFF10 + i: 0x30 + i for i in range(10)}
+_FROM_FULLWIDTH.update({0xFF21 + i: 0x41 + i for i in range(26)})
+_FROM_FULLWIDTH.update({0xFF41 + i: 0x61 + i for i in range(26)})
 
 _ID_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _ID_CHECK = "10X98765432"
@@ -163,13 +176,12 @@ class Scrubber:
         self.counts[kind] += 1
         return PLACEHOLDERS[kind]
 
-    def _redact_numbers(self, s: str) -> str:
-        """`s` with every numeric match replaced."""
-        if not _HINT.search(s):
-            return s
+    def _redact_numbers(self, s: str, plain: str) -> str:
+        """`s` with every numeric match replaced, matched in `plain`: `s` with its full-width characters as
+        ASCII (one for one, so positions agree); the text that stays keeps its own characters."""
         parts: list[str] = []
         last = 0
-        for m in _NUMBER.finditer(s):
+        for m in _NUMBER.finditer(plain):
             hit = self._classify(m)
             if hit is not None:
                 parts += (s[last:m.start()], self._hit(hit[0]))
@@ -184,7 +196,9 @@ class Scrubber:
         if "@" in s and "email" in self.types:
             s = _EMAIL.sub(lambda m: self._hit("email"), s)
         if self._numbers and len(s) >= 7:
-            s = self._redact_numbers(s)
+            plain = s if s.isascii() or not _FULLWIDTH_DIGIT.search(s) else s.translate(_FROM_FULLWIDTH)
+            if _HINT.search(plain):
+                s = self._redact_numbers(s, plain)
         return s
 
     def value(self, v: Any) -> tuple[Any, bool]:
@@ -212,4 +226,5 @@ class Scrubber:
 
 def line_may_match(line: bytes) -> bool:
     """Whether a raw JSON Lines line may hold anything to redact (most lines are copied without parsing)."""
-    return b"@" in line or b"\\u" in line or LINE_HINT.search(line) is not None
+    return (b"@" in line or b"\\u" in line or LINE_HINT.search(line) is not None
+            or _LINE_FULLWIDTH_DIGIT.search(line) is not None)
