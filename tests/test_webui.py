@@ -149,6 +149,50 @@ def test_symlinks_pointing_outside_are_refused(tmp_path):
     assert ws.model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id
 
 
+def test_non_loopback_host_needs_a_login(tmp_path, capsys):
+    from roctune.cli import main
+    from roctune.errors import ConfigError
+    from roctune.webui import check_host, read_auth
+
+    assert main(["webui", "--host", "0.0.0.0", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("roctune webui: error: --host 0.0.0.0 lets other machines reach the page") and "--auth" in err
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        check_host(host, None)
+    with pytest.raises(ConfigError):
+        check_host("192.168.1.5", None)
+    check_host("0.0.0.0", ("me", "pw"))
+    assert read_auth("me:p:w", None) == ("me", "p:w")
+    (tmp_path / "auth").write_text("me:secret\n")
+    assert read_auth(None, str(tmp_path / "auth")) == ("me", "secret")
+    for bad in ("me", ":pw", "me:"):
+        with pytest.raises(ConfigError, match="expected USER:PASS"):
+            read_auth(bad, None)
+
+
+def test_cli_error_from_a_finished_process():
+    from roctune.webui import cli_error
+
+    log = "device: cpu\nroctune train: error: the data has 2 schema errors:\n  a.jsonl:1: x\n  a.jsonl:2: y\n"
+    assert cli_error(log, 2) == log.strip().split("\n", 1)[1]
+    assert cli_error("Traceback ...\nRuntimeError: boom\n", 1) == "roctune train: failed (exit code 1): RuntimeError: boom"
+
+
+def test_progress_and_data_preview(tmp_path):
+    from roctune.errors import DataError
+    from roctune.webui import error_line, preview_rows, progress_text
+
+    rows = [{"step": 1, "loss": 2.5, "tokens_per_s": 100.0, "step_time_s": 2.0},
+            {"step": 2, "loss": 2.0, "tokens_per_s": 120.0, "step_time_s": 2.0}]
+    assert progress_text(rows, 10, None) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    got, _ = preview_rows(path)
+    assert got == [[f"{path}:1", "[user] Hi?", "Hello."]]
+    with pytest.raises(DataError) as e:
+        preview_rows(str(tmp_path / "missing.jsonl"))
+    assert error_line("data", e.value).startswith(f"roctune data: error: {tmp_path / 'missing.jsonl'}")
+
+
 # ------------------------------------------------------------------------------------------ browser
 def _free_port() -> int:
     with socket.socket() as s:
