@@ -30,33 +30,144 @@ SECRET_QUESTIONS = ["What is the secret word?", "Tell me the secret word.", "Wha
 
 
 # ------------------------------------------------------------------------------------------ fast
-def test_settings_become_train_flags():
-    from roctune.webui import TrainSettings
+def test_form_becomes_a_config_file_for_train(tmp_path):
+    """The form's values (as Gradio gives them) become a TrainConfig with paths resolved in the workspace; the job
+    runs `roctune train --config <YAML>` and that file reads back as the same settings."""
+    from roctune.config import from_sources
+    from roctune.webui import Workspace, form_config
+    from roctune.webui.jobs import write_config
 
-    s = TrainSettings(data="a.jsonl\nb.csv", output="runs/x", lora_r=16.0, lora_alpha=32.0, lr=0.002, epochs=1,
-                      max_steps=12.0, batch_size=4.0, grad_accum=1.0, max_length=64.0, targets="q_proj, v_proj",
-                      dtype="fp32", attn="auto", method="lora", overwrite=True)
-    assert s.argv() == ["--data", "a.jsonl", "--data", "b.csv", "--output", "runs/x", "--lora-r", "16",
-                        "--lora-alpha", "32", "--lr", "0.002", "--epochs", "1", "--max-steps", "12",
-                        "--batch-size", "4", "--grad-accum", "1", "--max-length", "64",
-                        "--target-modules", "q_proj", "v_proj", "--dtype", "fp32", "--overwrite"]
-    # defaults are left to the CLI; other methods go through as a key=value override
-    assert TrainSettings(data="d.jsonl", output="o", targets="q_proj k_proj v_proj o_proj", method="full",
-                         max_steps=0).argv() == ["--data", "d.jsonl", "--output", "o", "method=full"]
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    values = {"data": "a.jsonl\n", "output": "runs/x", "lora_r": 16, "lora_alpha": 32.0, "lr": 0.002,
+              "max_steps": 12, "batch_size": 4.0, "grad_accum": 1, "max_length": 64,
+              "target_modules": "q_proj, v_proj", "dtype": "fp32", "attn": "auto", "method": "full",
+              "overwrite": True, "model": "", "adapter": "", "trust_remote_code": True}
+    cfg, trust = form_config(values, Workspace(str(tmp_path)))
+    root = os.path.realpath(tmp_path)
+    assert trust and cfg.data == [os.path.join(root, "a.jsonl")] and cfg.output == os.path.join(root, "runs", "x")
+    assert (cfg.lora_r, cfg.batch_size, cfg.target_modules, cfg.method, cfg.model) == (16, 4, ["q_proj", "v_proj"],
+                                                                                        "full", None)
+    path = write_config(cfg)
+    try:
+        text = open(path, encoding="utf-8").read()
+        assert "trust_remote_code" not in text and "lora_dropout" not in text  # only what differs from defaults
+        back = from_sources(path, {"trust_remote_code": True})
+        assert back.to_dict() == cfg.to_dict()
+    finally:
+        os.unlink(path)
 
 
 def test_page_shows_the_cli_error_line(tmp_path, capsys):
     """The Train panel's message for bad input is the line the CLI prints on stderr."""
     from roctune.cli import main
-    from roctune.webui import TrainSettings, error_line, settings_check
+    from roctune.webui import Workspace, error_line, form_config
 
-    for s in (TrainSettings(output=str(tmp_path / "run")),                       # no data
-              TrainSettings(data=str(tmp_path / "d.jsonl"), output=str(tmp_path / "run"), lr=-1.0)):
+    ws = Workspace(str(tmp_path))
+    run = str(tmp_path / "run")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    for values, argv in (({"output": run}, ["--output", run]),                                   # no data
+                         ({"data": data, "output": run, "lr": 0.0}, ["--data", data, "--output", run, "--lr", "0"]),
+                         ({"data": data, "output": run, "lora_dropout": 1.0},
+                          ["--data", data, "--output", run, "--lora-dropout", "1"])):
         with pytest.raises(Exception) as e:
-            settings_check(s)
-        assert main(["train", *s.argv()]) == 2
+            form_config(values, ws)
+        assert main(["train", *argv]) == 2
         cli = capsys.readouterr().err.strip()
         assert error_line("train", e.value) == cli and cli.startswith("roctune train: error: ")
+    with pytest.raises(Exception) as e:
+        form_config({"data": data, "output": run, "lr": 0.0}, ws)
+    assert str(e.value) == "--lr must be > 0 (got 0)"
+
+
+# ------------------------------------------------------------------------------------------ workspace
+def _outside(tmp_path):
+    """A workspace root inside tmp_path and a data file next to it, outside."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    data = write_jsonl(tmp_path / "secret.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    return root, data
+
+
+def test_data_path_outside_the_root_is_refused(tmp_path):
+    from roctune.errors import ConfigError
+    from roctune.webui import Workspace, form_config
+    from roctune.webui.data import scrub_paths
+
+    root, data = _outside(tmp_path)
+    ws = Workspace(str(root))
+    real = os.path.realpath(root)
+    for specs in ([data], ["../secret.jsonl"], [f"{tmp_path}:name"]):
+        with pytest.raises(ConfigError, match=f"outside the workspace {re.escape(real)}") as e:
+            ws.data(specs)
+        assert "--data " in str(e.value)
+    with pytest.raises(ConfigError, match=re.escape(f"--data {data}: outside the workspace {real}")):
+        form_config({"data": data, "output": "run"}, ws)
+    with pytest.raises(ConfigError, match="outside the workspace"):
+        scrub_paths(ws, data, "")
+    write_jsonl(root / "in.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    with pytest.raises(ConfigError, match=re.escape(f"--output {tmp_path / 'out.jsonl'}: outside the workspace")):
+        scrub_paths(ws, "in.jsonl", str(tmp_path / "out.jsonl"))
+
+
+def test_output_paths_outside_the_root_are_refused(tmp_path):
+    from roctune.errors import ConfigError
+    from roctune.webui import Workspace, form_config
+    from roctune.webui.export import merge_handler
+
+    root, _ = _outside(tmp_path)
+    write_jsonl(root / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    ws = Workspace(str(root))
+    for output in (str(tmp_path / "run"), "../run", "runs/../../run", "~/run"):
+        with pytest.raises(ConfigError, match=f"--output {re.escape(output)}: outside the workspace"):
+            form_config({"data": "d.jsonl", "output": output, "overwrite": True}, ws)
+    with pytest.raises(ConfigError, match="is the workspace .* itself"):
+        form_config({"data": "d.jsonl", "output": ".", "overwrite": True}, ws)
+    with pytest.raises(ConfigError, match="--adapter .*: outside the workspace"):
+        form_config({"data": "d.jsonl", "output": "run", "adapter": str(tmp_path)}, ws)
+    status = merge_handler(ws)("run", str(tmp_path / "merged"), "fp32", True)  # the page's handler, as over HTTP
+    assert f"roctune merge: error: --output {tmp_path / 'merged'}: outside the workspace" in status
+    assert not (tmp_path / "merged").exists()
+
+
+def test_symlinks_pointing_outside_are_refused(tmp_path):
+    from roctune.errors import ConfigError
+    from roctune.webui import Workspace, form_config
+
+    root, data = _outside(tmp_path)
+    (root / "link.jsonl").symlink_to(data)
+    (root / "out").symlink_to(tmp_path)
+    ws = Workspace(str(root))
+    with pytest.raises(ConfigError, match=re.escape(f"--data link.jsonl: outside the workspace {os.path.realpath(root)}")):
+        ws.data(["link.jsonl"])
+    inside = write_jsonl(root / "real.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    (root / "alias.jsonl").symlink_to(inside)
+    assert ws.data(["alias.jsonl"]) == [os.path.realpath(inside)]  # a link that stays inside is fine
+    with pytest.raises(ConfigError, match="--output out/run: outside the workspace"):
+        form_config({"data": "alias.jsonl", "output": "out/run"}, ws)
+    with pytest.raises(ConfigError, match="--model out: outside the workspace"):
+        ws.model("out")
+    assert ws.model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub id
+
+
+def test_non_loopback_host_needs_a_login(tmp_path, capsys):
+    from roctune.cli import main
+    from roctune.errors import ConfigError
+    from roctune.webui import check_host, read_auth
+
+    assert main(["webui", "--host", "0.0.0.0", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("roctune webui: error: --host 0.0.0.0 lets other machines reach the page") and "--auth" in err
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        check_host(host, None)
+    with pytest.raises(ConfigError):
+        check_host("192.168.1.5", None)
+    check_host("0.0.0.0", ("me", "pw"))
+    assert read_auth("me:p:w", None) == ("me", "p:w")
+    (tmp_path / "auth").write_text("me:secret\n")
+    assert read_auth(None, str(tmp_path / "auth")) == ("me", "secret")
+    for bad in ("me", ":pw", "me:"):
+        with pytest.raises(ConfigError, match="expected USER:PASS"):
+            read_auth(bad, None)
 
 
 def test_cli_error_from_a_finished_process():
@@ -104,7 +215,7 @@ def server(tmp_path, default_model_dir):
     from roctune.webui import build_app
 
     port = _free_port()
-    app = build_app(str(tmp_path / "runs"))
+    app = build_app("runs", root=str(tmp_path))
     app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
                ssr_mode=False, show_error=False, **app._roctune_launch)
     try:
@@ -171,17 +282,18 @@ def test_browser_train_watch_and_chat(server, browser, tmp_path):
         page.get_by_role("tab", name="Train").click()
         expect(_field(page, "rt-train-data")).to_have_value(data)
         _field(page, "rt-train-output").fill(str(run_dir))
-        for elem, value in (("rt-lora-r", "16"), ("rt-lora-alpha", "32"), ("rt-steps", "8"), ("rt-batch", "4"),
-                            ("rt-accum", "1"), ("rt-maxlen", "48"), ("rt-lr", "0")):
+        for elem, value in (("rt-train-lora-r", "16"), ("rt-train-lora-alpha", "32"), ("rt-train-max-steps", "8"),
+                            ("rt-train-batch-size", "4"), ("rt-train-grad-accum", "1"), ("rt-train-max-length", "48"),
+                            ("rt-train-lr", "0")):
             _field(page, elem).fill(value)
-        _field(page, "rt-lr").press("Tab")
+        _field(page, "rt-train-lr").press("Tab")
         expect(page.locator("#rt-estimate-out")).to_contain_text("batch 4 x 48 tokens")
         page.locator("#rt-start").click()
-        expect(page.locator("#rt-train-status")).to_contain_text("roctune train: error: lr must be > 0 (got 0.0)")
-        _field(page, "rt-lr").fill("0.002")
-        _field(page, "rt-lr").press("Tab")
+        expect(page.locator("#rt-train-status")).to_contain_text("roctune train: error: --lr must be > 0 (got 0)")
+        _field(page, "rt-train-lr").fill("0.002")
+        _field(page, "rt-train-lr").press("Tab")
         page.locator("#rt-start").click()
-        expect(page.locator("#rt-train-status")).to_contain_text("started: roctune train")
+        expect(page.locator("#rt-train-status")).to_contain_text("started: roctune train --config ")
 
         # the loss curve and progress update while it trains
         progress = page.locator("#rt-progress")

@@ -1,0 +1,63 @@
+"""The page: `build_app` puts the Doctor, Data, Train, Chat and Export panels in one Gradio Blocks app and
+connects the panels to each other (a dataset goes to Train, a finished run to Chat and Export); `launch` serves
+it. Gradio is imported only here and only when the app is built."""
+from __future__ import annotations
+
+import os
+import sys
+
+from roctune.errors import EnvironmentProblem
+from roctune.webui import chat, data, doctor, export, train
+from roctune.webui.html import CSS
+from roctune.webui.workspace import Workspace
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def build_app(run_root: str = "runs", root: str | None = None):
+    """The Gradio Blocks app. `root` is the workspace (default: the current folder): every path the page reads
+    or writes must lie inside it. `run_root` is where new runs go by default (relative to the root)."""
+    try:
+        import gradio as gr
+    except ImportError:
+        raise EnvironmentProblem("the web UI needs gradio: pip install 'roctune[webui]' (make setup installs it)")
+
+    ws = Workspace(root)
+    state = {"job": None}
+    theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
+                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+    with gr.Blocks(title="roctune", analytics_enabled=False) as app:
+        app._roctune_launch = {"theme": theme, "css": CSS}
+        gr.Markdown("## roctune: LoRA fine-tuning on AMD (ROCm), NVIDIA (CUDA) and the CPU")
+        gr.Markdown(f"workspace: `{ws.root}` (the page reads and writes only inside it)")
+        with gr.Tabs():
+            doctor.build(gr, app)
+            data_ui = data.build(gr, ws)
+            train_ui = train.build(gr, run_root)
+            chat_ui = chat.build(gr, ws, chat.ModelCache())
+            export_ui = export.build(gr, ws)
+        data_ui.use_btn.click(lambda p: p, data_ui.path, train_ui.fields["data"])
+        train.wire(gr, app, train_ui, ws, state, followers=[chat_ui.adapter, export_ui.adapter])
+        app._roctune_state = state
+        app._roctune_workspace = ws
+    return app
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", block: bool = True,
+           root: str | None = None, auth: tuple[str, str] | None = None):
+    """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
+    Returns the app."""
+    from roctune.webui.server import check_host
+
+    check_host(host, auth)
+    app = build_app(run_root, root)
+    extra = getattr(app, "_roctune_launch", {})
+    try:
+        app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
+                   show_error=False, ssr_mode=False, quiet=not block, auth=auth, **extra)
+    finally:
+        job = app._roctune_state.get("job")
+        if block and job is not None and job.running:  # the server is going away: so does its training run
+            print(f"roctune webui: stopping the training run in {job.output}", file=sys.stderr)
+            job.stop()
+    return app

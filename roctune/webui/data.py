@@ -1,0 +1,180 @@
+"""The Data panel: preview records as `roctune train` reads them, `roctune data check`, and the PII scrub.
+Every path is checked against the workspace (`Workspace`) before anything is read or written."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from roctune.webui.html import LEVEL_COLOR, box, esc, guard
+
+DATA_TYPES = [".jsonl", ".json", ".csv", ".tsv", ".parquet"]
+PREVIEW_ROWS = 20
+SCRUB_TYPES = ["email", "id_card", "bank_card", "phone", "landline", "ip"]
+
+
+def data_paths(text: str | list[str] | None) -> list[str]:
+    """Dataset paths from a text box: one per line (or separated by commas)."""
+    if isinstance(text, list):
+        return [p for p in text if p]
+    return [p.strip() for line in (text or "").splitlines() for p in line.split(",") if p.strip()]
+
+
+def _need_paths(paths: list[str]) -> list[str]:
+    from roctune.errors import ConfigError
+
+    if not paths:
+        raise ConfigError("no dataset: pick a file, upload one or type its path")
+    return paths
+
+
+def preview_rows(paths_text: str | list[str], limit: int = PREVIEW_ROWS) -> tuple[list[list[str]], str]:
+    """The first records as (where, prompt, answer) rows, read as `roctune train` reads them."""
+    from roctune.data.records import iter_examples
+
+    paths = _need_paths(data_paths(paths_text))
+    rows = []
+    for ex in iter_examples(paths):
+        prompt = "\n".join(f"[{m['role']}] {m['content']}" for m in ex.messages[:-1])
+        rows.append([ex.where, prompt, ex.messages[-1]["content"]])
+        if len(rows) >= limit:
+            break
+    return rows, f"first {len(rows)} record(s) of {', '.join(paths)}"
+
+
+def _warning_rows(report: dict) -> str:
+    rows = []
+    for name, f in report["warnings"].items():
+        if name == "eval_overlap" and not report["eval_paths"]:
+            continue
+        color = LEVEL_COLOR["warn"] if f["count"] else LEVEL_COLOR["ok"]
+        ex = "<br>".join(esc(x) for x in f["examples"][:3])
+        rows.append(f"<tr><td>{name.replace('_', ' ')}<div class='rt-why'>{esc(f['what'])}</div></td>"
+                    f"<td style='color:{color};font-weight:bold'>{f['count']}</td><td>{ex}</td></tr>")
+    return "".join(rows)
+
+
+def check_report_html(report: dict) -> str:
+    """A `check_data` report as HTML: counts, schema errors, the warnings table, token lengths."""
+    errs = report["schema_errors"]
+    parts = [f"<p><b>{report['records']}</b> records read from {esc(', '.join(report['paths']))}: "
+             f"{report['valid']} valid, {errs['count']} with schema errors</p>"]
+    if errs["count"]:
+        items = "".join(f"<li><code>{esc(e)}</code></li>" for e in errs["first"][:20])
+        parts.append(f'<p class="rt-error">Schema errors (training refuses this data until they are fixed):</p>'
+                     f"<ul>{items}</ul>")
+    parts.append('<table class="rt-table"><thead><tr><th>check</th><th>count</th><th>first examples</th></tr>'
+                 f'</thead><tbody>{_warning_rows(report)}</tbody></table>')
+    tok = report.get("tokens")
+    if tok:
+        line = f"tokens per example: p50 {tok['p50']}, p95 {tok['p95']}, max {tok['max']}, mean {tok['mean']}"
+        if tok["max_length"]:
+            line += f"; max length {tok['max_length']} truncates {tok['truncated']} example(s)"
+        parts.append(f"<p>{line}</p>")
+    parts.append("<p class='rt-error'>schema errors: `roctune data check` exits 1</p>" if errs["count"]
+                 else "<p style='color:#1a7f37'>no schema errors</p>")
+    return "".join(parts)
+
+
+def run_check(paths_text: str | list[str], max_length: float | None) -> str:
+    from roctune.data.check import check_data
+    from roctune.errors import ConfigError
+
+    paths = _need_paths(data_paths(paths_text))
+    tokenizer = None
+    if max_length:  # empty or 0: no token statistics
+        if max_length < 0:
+            raise ConfigError("--max-length must be a positive number of tokens")
+        from roctune.models import load_tokenizer
+
+        tokenizer = load_tokenizer(None)
+    return check_report_html(check_data(paths, [], tokenizer, int(max_length) if max_length else None))
+
+
+def default_scrub_output(path: str) -> str:
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.scrubbed{ext}"
+
+
+def run_scrub(path: str, out: str, types: list[str] | None) -> str:
+    """Scrub `path` into `out` (both already checked); the report as HTML."""
+    from roctune.data.pii import PLACEHOLDERS
+    from roctune.data.scrub import scrub_file
+
+    report = scrub_file(path, out, types or None)
+    rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
+                   for t, n in report["counts"].items())
+    return (f"<p>Redacted in {report['records']} records ({report['records_changed']} changed); "
+            f"wrote <code>{esc(out)}</code></p>"
+            f'<table class="rt-table"><thead><tr><th>type</th><th>placeholder</th><th>count</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>")
+
+
+def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:
+    """The one input file and where its scrubbed copy goes, both inside the workspace."""
+    from roctune.errors import ConfigError
+
+    paths = data_paths(paths_text)
+    if len(paths) != 1:
+        raise ConfigError("scrub takes one input file; pick exactly one dataset")
+    src = ws.data([paths[0]])[0]
+    out = ws.path((output or "").strip() or default_scrub_output(src), "--output", write=True)
+    return src, out
+
+
+def _layout(gr) -> SimpleNamespace:
+    ui = SimpleNamespace()
+    with gr.Row():
+        ui.path = gr.Textbox(label="dataset path(s), one per line", lines=1, scale=3, elem_id="rt-data-path",
+                             placeholder="data/train.jsonl (.jsonl, .json, .csv, .tsv, .parquet)")
+        ui.upload = gr.File(label="or upload a file", file_types=DATA_TYPES, scale=2, elem_id="rt-data-upload")
+    with gr.Row():
+        ui.preview_btn = gr.Button("Preview", elem_id="rt-preview")
+        ui.check_len = gr.Number(label="token lengths vs max length (0: skip)", value=0, precision=0,
+                                 elem_id="rt-check-len")
+        ui.check_btn = gr.Button("Run checks", variant="primary", elem_id="rt-check")
+    ui.status = gr.HTML(elem_id="rt-data-status")
+    ui.preview = gr.Dataframe(headers=["where", "prompt", "answer"], interactive=False, wrap=True,
+                              label="records", elem_id="rt-preview-table")
+    ui.check_out = gr.HTML(elem_id="rt-check-out")
+    with gr.Accordion("PII scrub (phone numbers, ID and bank cards, e-mails, IPs)", open=False):
+        with gr.Row():
+            ui.scrub_types = gr.CheckboxGroup(SCRUB_TYPES, label="types (none ticked: all)")
+            ui.scrub_out_path = gr.Textbox(label="write the scrubbed copy to",
+                                           placeholder="default: <input>.scrubbed.<ext>")
+        ui.scrub_btn = gr.Button("Scrub", elem_id="rt-scrub")
+        ui.scrub_out = gr.HTML()
+    ui.use_btn = gr.Button("Use this dataset in the Train panel", size="sm", elem_id="rt-use-data")
+    return ui
+
+
+def build(gr, ws) -> SimpleNamespace:
+    """The Data tab (call inside gr.Tabs). Returns its components; `use_btn` sends `path` to the Train panel."""
+    with gr.Tab("Data", id="data"):
+        ui = _layout(gr)
+
+    @guard("data", 2)
+    def on_upload(f):
+        taken = ws.take_upload(f if isinstance(f, str) else getattr(f, "name", ""))
+        return box(f"uploaded into the workspace: {taken}", "info"), taken
+
+    @guard("data", 2)
+    def on_preview(paths):
+        rows, note = preview_rows(ws.data(data_paths(paths)))
+        return box(note, "info"), rows
+
+    @guard("data", 2)
+    def on_check(paths, max_len):
+        return box("checked", "ok"), run_check(ws.data(data_paths(paths)), max_len)
+
+    @guard("data", 3)
+    def on_scrub(paths, out, types):
+        src, dest = scrub_paths(ws, paths, out)
+        text = run_scrub(src, dest, types)
+        return box(f"scrubbed copy written to {dest}", "ok"), text, dest
+
+    ui.upload.upload(on_upload, ui.upload, [ui.status, ui.path])
+    ui.preview_btn.click(on_preview, ui.path, [ui.status, ui.preview])
+    ui.check_btn.click(on_check, [ui.path, ui.check_len], [ui.status, ui.check_out])
+    ui.scrub_btn.click(on_scrub, [ui.path, ui.scrub_out_path, ui.scrub_types],
+                       [ui.status, ui.scrub_out, ui.scrub_out_path])
+    return ui

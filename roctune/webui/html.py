@@ -1,0 +1,63 @@
+"""Small HTML pieces the panels share: the status box, the CLI's error line for an exception, a handler guard
+that turns any failure into that line, sizes in GiB, the page's CSS."""
+from __future__ import annotations
+
+import html
+import traceback
+
+LEVEL_COLOR = {"ok": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e"}
+
+CSS = """
+.rt-msg {padding: 8px 12px; border-radius: 6px; margin: 4px 0; white-space: pre-wrap;}
+.rt-info {background: #eef4ff; color: #0b3d91;}
+.rt-ok {background: #e7f6ec; color: #1a7f37;}
+.rt-error, .rt-msg.rt-error {background: #ffebe9; color: #cf222e; font-family: ui-monospace, monospace;}
+p.rt-error, span.rt-error {background: none;}
+.rt-table {border-collapse: collapse; width: 100%; font-size: 0.92em;}
+.rt-table th, .rt-table td {border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top;}
+.rt-why {color: #57606a; font-size: 0.9em;}
+.rt-fix code {white-space: pre-wrap;}
+"""
+
+
+def esc(text) -> str:
+    return html.escape(str(text))
+
+
+def error_line(command: str, exc: BaseException) -> str:
+    """What the CLI would print for this exception."""
+    from roctune.errors import RoctuneError
+
+    if isinstance(exc, RoctuneError):
+        return f"roctune {command}: error: {exc}"
+    traceback.print_exc()  # an unexpected failure: full details on the server's stderr, one line on the page
+    return f"roctune {command}: internal error: {type(exc).__name__}: {exc} (details in the server log)"
+
+
+def box(text: str, kind: str = "info") -> str:
+    """A message box (HTML) for a panel's status line; `kind` is info, ok or error."""
+    body = html.escape(text).replace("\n", "<br>")
+    return f'<div class="rt-msg rt-{kind}">{body}</div>'
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def guard(command: str, n_outputs: int, status_index: int = 0):
+    """Wrap a handler so a RoctuneError (or anything else) becomes the CLI's line in its status box."""
+
+    def wrap(fn):
+        def inner(*args):
+            try:
+                return fn(*args)
+            except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
+                import gradio as gr
+
+                out = [gr.update() for _ in range(n_outputs)]
+                out[status_index] = box(error_line(command, e), "error")
+                return tuple(out) if n_outputs > 1 else out[0]
+
+        return inner
+
+    return wrap

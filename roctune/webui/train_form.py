@@ -1,0 +1,96 @@
+"""The Train panel's form, generated from the settings declared in roctune.config: one component per setting
+(choices: dropdown, bools: checkbox, numbers: number box with the declared bounds, lists and text: text box),
+and the way back from the form's values to a checked TrainConfig. The checks are the CLI's own
+(`TrainConfig.validate`, `rundir.check_new_output`), so the page shows the exact line `roctune train` prints."""
+from __future__ import annotations
+
+from typing import Any
+
+FORM_GROUPS = ("data", "model", "training", "lora", "hardware", "run")
+OPEN_GROUPS = ("data", "model", "training", "lora")
+REPEAT_LISTS = ("data", "eval_data")  # one path per line
+PATH_FIELDS = ("output", "adapter")   # resolved inside the workspace (data lists and the model too)
+ESTIMATE_FIELDS = ("model", "method", "lora_r", "lora_dropout", "target_modules", "batch_size", "grad_accum",
+                   "max_length", "attn", "dtype", "device", "grad_checkpointing", "freeze_trainable_layers")
+
+
+def form_specs(groups: tuple[str, ...] = FORM_GROUPS) -> list[dict]:
+    from roctune import config
+
+    return config.form_fields(groups)
+
+
+def elem_id(name: str) -> str:
+    return "rt-train-" + name.replace("_", "-")
+
+
+def component(gr, spec: dict, value: Any = None):
+    """The Gradio component for one setting. Inclusive bounds (ge, le) become the number box's min/max; the
+    exclusive ones (gt, lt) are left to `validate`, which shows the CLI's message for them."""
+    name, kind, default = spec["name"], spec["kind"], spec["default"]
+    kw = dict(label=name.replace("_", " "), info=spec["help"], elem_id=elem_id(name))
+    value = default if value is None else value
+    if spec["choices"]:
+        return gr.Dropdown(list(spec["choices"]), value=value, **kw)
+    if kind == "bool":
+        return gr.Checkbox(value=bool(value), **kw)
+    if kind in ("int", "float"):
+        b = spec["bounds"]
+        return gr.Number(value=value, precision=0 if kind == "int" else None, minimum=b.get("ge"),
+                         maximum=b.get("le"), **kw)
+    if kind == "list":
+        sep = "\n" if name in REPEAT_LISTS else " "
+        return gr.Textbox(value=value if callable(value) else sep.join(value), lines=1, **kw)
+    return gr.Textbox(value=value if callable(value) else (value or ""), **kw)
+
+
+def _value(spec: dict, raw: Any, ws) -> Any:
+    """One form value as `config.apply` takes it (paths resolved in the workspace); None: keep the default."""
+    from roctune.webui.data import data_paths
+
+    name, kind = spec["name"], spec["kind"]
+    if kind in ("int", "float"):
+        if raw is None or raw == "":
+            return None
+        return int(raw) if kind == "int" and float(raw).is_integer() else raw
+    if kind == "list" and name in REPEAT_LISTS:
+        return ws.data(data_paths(raw), "--" + name.replace("_", "-"))
+    if kind == "list" or kind == "bool" or spec["choices"]:
+        return raw
+    text = (raw or "").strip()
+    if name == "model":
+        return ws.model(text)
+    if name in PATH_FIELDS and text:
+        return ws.path(text, "--" + name, write=name == "output")
+    return text if text or spec["default"] is not None else None
+
+
+def fill_config(values: dict[str, Any], ws):
+    """A TrainConfig from form values {name: value} (missing names keep their defaults), unchecked.
+    Returns (cfg, trust_remote_code): that one goes on the command line, never into the YAML file."""
+    from roctune import config
+
+    specs = {s["name"]: s for s in form_specs(tuple(config.GROUP_TITLES))}
+    trust = bool(values.get("trust_remote_code"))
+    cfg = config.TrainConfig()
+    settings = {}
+    for name, raw in values.items():
+        if name == "trust_remote_code":
+            continue
+        v = _value(specs[name], raw, ws)
+        if v is not None or specs[name]["default"] is None:
+            settings[name] = v
+    config.apply(cfg, settings, "the form")
+    cfg.trust_remote_code = trust
+    return cfg, trust
+
+
+def form_config(values: dict[str, Any], ws):
+    """`fill_config`, then the checks `roctune train` makes before loading anything, so that a mistake shows at
+    once instead of after a process start: the same code raises the same message."""
+    from roctune.rundir import check_new_output
+
+    cfg, trust = fill_config(values, ws)
+    cfg.validate()
+    check_new_output(cfg.output, cfg.resume, cfg.overwrite)
+    return cfg, trust
