@@ -22,6 +22,7 @@ from roctune.errors import ConfigError
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
 METHODS = ("lora", "qlora", "freeze", "full")
 STAGES = ("sft", "dpo")
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
 ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method"}
@@ -100,6 +101,12 @@ class TrainConfig:
     save_total_limit: int = setting(2, "checkpoints to keep (0: all)", ge=0, group="run")
     logging_steps: int = setting(1, "log every N steps", gt=0, group="run")
     eval_steps: int = setting(0, "evaluate every N steps (0: at the end only)", ge=0, group="run")
+    early_stopping_patience: int = setting(0, "stop when eval loss has not improved for K evaluations (0: never); "
+                                           "the best adapter is kept in DIR/best", ge=0, metavar="K", group="run")
+    load_best: bool = setting(False, "make the final adapter the one with the best eval loss (kept in DIR/best)",
+                              group="run")
+    report_to: list[str] = setting(["none"], "also log to these trackers (comma-separated; metrics.jsonl and "
+                                   "loss.png always)", choices=TRACKERS, metavar="NAME", group="run")
     resume: bool = setting(False, "continue from the last checkpoint in --output", group="run")
     overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run")
     # ---- hardware
@@ -162,6 +169,19 @@ class TrainConfig:
             raise ConfigError("--fsdp shards the model over several processes; add --nproc N (N >= 2)")
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj) or all-linear")
+        self._check_best()
+
+    def _check_best(self) -> None:
+        has_eval = bool(self.eval_data) or self.eval_ratio > 0
+        for name, on in (("--early-stopping-patience", self.early_stopping_patience > 0),
+                         ("--load-best", self.load_best)):
+            if on and not has_eval:
+                raise ConfigError(f"{name} needs evaluation data: add --eval-data FILE or --eval-ratio 0.1")
+        if self.early_stopping_patience > 0 and not self.eval_steps:
+            raise ConfigError("--early-stopping-patience needs --eval-steps N (evaluations during training)")
+        if "none" in self.report_to and len(self.report_to) > 1:
+            raise ConfigError(f"--report-to {','.join(self.report_to)}: 'none' cannot be combined with trackers; "
+                              "drop it")
 
 
 def flag(name: str) -> str:
@@ -171,8 +191,9 @@ def flag(name: str) -> str:
 def check_value(f: dataclasses.Field, value: Any) -> None:
     """The field's own rules: choices, finite numbers, bounds; the error names the flag."""
     meta = f.metadata
-    if meta.get("choices") and value not in meta["choices"]:
-        raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {value!r})")
+    for one in value if isinstance(value, list) and meta.get("choices") else [value]:
+        if meta.get("choices") and one not in meta["choices"]:
+            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not math.isfinite(value):
@@ -205,6 +226,10 @@ def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
         if isinstance(value, str):
             return [v for v in value.replace(",", " ").split() if v]
         if isinstance(value, list):
+            # a list with choices (--report-to tensorboard,wandb) also takes comma-separated words; other lists
+            # (file paths) keep their commas
+            if f.metadata.get("choices"):
+                return [w for v in value for w in str(v).replace(",", " ").split() if w]
             return [str(v) for v in value]
         raise ConfigError(f"{name}: expected a list, got {value!r}")
     if k == "bool":
@@ -316,6 +341,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         else:
             kw.update(type=_flag_type(f), metavar=meta["metavar"] or (None if meta["choices"] else k.upper()),
                       choices=meta["choices"])
+        if k == "list" and meta["choices"]:
+            kw["help"] += f" (any of {', '.join(meta['choices'])})"
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 
 

@@ -7,7 +7,11 @@ A run directory (`roctune train --output DIR`) holds:
   model (`config.json` + weights) for freeze/full; the tokenizer; `loss.png`;
 - `checkpoint-N/` while training with --save-steps: the trainable weights, `training_state.safetensors` (optimizer
   tensors, RNG states), `training_state.json` (everything else) and `trainer_state.json` (written last: a
-  checkpoint without it is incomplete and ignored).
+  checkpoint without it is incomplete and ignored);
+- `best/` with --early-stopping-patience or --load-best: the trainable weights of the evaluation with the lowest
+  eval loss so far, loadable as an adapter (`best.json` says which step and loss);
+- `tensorboard/` with --report-to tensorboard: the event files (same steps and values as metrics.jsonl);
+- `eval/` after `roctune eval` (its default --output): report.html, report.md, predictions.jsonl, eval.json.
 
 Checkpoints never hold pickles: tensors go to safetensors and plain data to JSON, so loading one cannot run code.
 Checkpoints written by release 0.1 (`optimizer.pt`, `rng.pt`) still load, through `torch.load(weights_only=True)`,
@@ -39,6 +43,10 @@ CHECKPOINT_PREFIX = "checkpoint-"
 CHECKPOINT_DONE = "trainer_state.json"
 STATE_TENSORS = "training_state.safetensors"
 STATE_JSON = "training_state.json"
+BEST_DIR = "best"
+BEST_STATE = "best.json"
+TENSORBOARD_DIR = "tensorboard"
+EVAL_DIR = "eval"
 
 
 # ------------------------------------------------------------------------------------------ atomic writes
@@ -325,6 +333,36 @@ def load_checkpoint(run_dir: str, read_weights: Callable[[str], Any]) -> dict | 
     if problems:
         raise RoctuneError(f"--resume: no intact checkpoint in {run_dir} ({'; '.join(problems)}); start a new run")
     return None
+
+
+# ----------------------------------------------------------------------------------------- best weights
+def best_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, BEST_DIR)
+
+
+def save_best(run_dir: str, save_weights: Callable[[str], None], info: dict) -> None:
+    """best/: `save_weights(folder)` writes the trainable weights, `info` (step, eval_loss) goes to best.json,
+    written last; the previous best is replaced only once the new one is complete."""
+    def fill(tmp: str) -> None:
+        save_weights(tmp)
+        with open(os.path.join(tmp, BEST_STATE), "w", encoding="utf-8") as f:
+            json.dump(info, f)
+
+    write_dir_atomically(best_dir(run_dir), fill)
+
+
+def read_best(run_dir: str) -> dict | None:
+    """best.json of the kept best weights ({step, eval_loss}), or None when there are none."""
+    try:
+        with open(os.path.join(best_dir(run_dir), BEST_STATE), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and "step" in doc else None
+
+
+def tensorboard_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, TENSORBOARD_DIR)
 
 
 # ------------------------------------------------------------------- tensors + JSON instead of pickles

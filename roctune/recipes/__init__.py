@@ -14,8 +14,10 @@ def prepare(cfg, check_output: bool = True):
     output directory (the other ranks of a multi-process run, the other nodes' launchers)."""
     from roctune import methods, rundir
     from roctune.models import resolve_model
+    from roctune.training import trackers
 
     cfg.validate()
+    trackers.check(cfg.report_to)  # a missing tracker package is reported before the data is read
     if cfg.stage == "dpo":
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
     else:

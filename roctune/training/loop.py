@@ -15,6 +15,13 @@ Several processes (torchrun; see roctune.training.distributed):
   grad_accum x world_size accumulation. Only the last micro-batch of a step synchronises (`no_sync` before).
 - With --fsdp the model is sharded instead; FSDP reduce-scatters the gradients itself (same scaling).
 - Only rank 0 writes run.yaml, metrics.jsonl and checkpoints; the others wait at barriers.
+
+Best weights and early stopping. With --early-stopping-patience K or --load-best, every evaluation whose eval loss
+is the lowest so far writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
+a lower eval loss end training there. With --load-best, each process also keeps a CPU copy of its own trainable
+tensors at the best evaluation (its shards under FSDP) and puts them back when training ends, so the model that
+`session.save_final` saves is the best one, whatever the method or number of processes. Every rank computes the same eval loss (summed over ranks), so all ranks take the same decision.
+Rows logged to metrics.jsonl also go to the --report-to trackers (roctune.training.trackers).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from roctune.training.oom import free_memory, is_out_of_memory, out_of_memory_er
 from roctune.training.optim import make_optimizer, make_scheduler, optimizer_step
 from roctune.training.progress import Progress
 from roctune.training.session import Setup, write_run_yaml
+from roctune.training.trackers import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +137,16 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         write_run_yaml(cfg, setup, len(task.items), len(task.eval_items), len(steps), dist.world_size)
     _describe(cfg, setup, task, dist, len(steps), say)
     state = _State(cfg, setup, task, dist, steps, steps_per_epoch, forward, ddp, params)
-    summary = state.run(model, optimizer, scheduler, start, say, progress)
+    state.trackers = Trackers(cfg.report_to if dist.is_main else [], cfg.output, cfg.to_dict(), start)
+    try:
+        summary = state.run(model, optimizer, scheduler, start, say, progress)
+    finally:
+        state.trackers.close()
+    if summary.get("best_step") is not None:
+        say(f"best eval loss {summary['best_eval_loss']:.4f} at step {summary['best_step']}: kept in "
+            f"{rundir.best_dir(cfg.output)}")
+        if cfg.load_best:
+            say(state.load_best(model))
     return model, summary
 
 
@@ -154,35 +171,85 @@ class _State:
         self.forward, self.ddp, self.params = forward, ddp, params
         self.scale = dist.world_size if dist.enabled else 1  # DDP/FSDP average gradients; we want their sum
         self.micro_size = cfg.batch_size  # halved by --auto-batch after an out-of-memory error
+        self.keep_best = cfg.early_stopping_patience > 0 or cfg.load_best
+        # a resumed run continues from the best it had kept (the count of evaluations without improvement restarts)
+        self.best = rundir.read_best(cfg.output) if cfg.resume and self.keep_best else None
+        self.bad = 0
+        self.best_weights: dict | None = None  # --load-best: this process's trainable tensors at the best eval
+        self.trackers = Trackers([], cfg.output, {})
 
     def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
         total = len(self.steps)
         bar = Progress(total, start, enabled=progress and self.dist.is_main)
-        t_start, tokens_done, losses, last = time.perf_counter(), 0, [], {}
+        t_start, tokens_done, losses, last, done, stop = time.perf_counter(), 0, [], {}, start, False
         model.train()
         try:
             for step in range(start, total):
                 t0 = time.perf_counter()
                 sums, n_tok, norm = self.accumulate(step, say)
                 lr, grad_norm = optimizer_step(self.params, optimizer, scheduler, self.cfg.max_grad_norm)
-                tokens_done += n_tok
-                last = self.row(step + 1, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
-                if self.task.eval_items and self.eval_due(step + 1):
+                tokens_done, done = tokens_done + n_tok, step + 1
+                last = self.row(done, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
+                if self.task.eval_items and self.eval_due(done):
                     last.update(self.evaluate(model))
+                    stop = self.after_eval(model, last, say)
                 losses.append(last["loss"])
-                self.log_row(last)
-                bar.update(step + 1, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
+                self.log_row(last, force=stop)
+                bar.update(done, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
                            "tok/s", say)
-                if self.cfg.save_steps and (step + 1) % self.cfg.save_steps == 0 and step + 1 < total:
-                    checkpoint.save(self.cfg.output, step + 1, model, optimizer, scheduler, self.dist,
+                if stop:
+                    break
+                if self.cfg.save_steps and done % self.cfg.save_steps == 0 and done < total:
+                    checkpoint.save(self.cfg.output, done, model, optimizer, scheduler, self.dist,
                                     self.cfg.save_total_limit)
         finally:
             bar.close()
         elapsed = time.perf_counter() - t_start
-        return {"steps": total, "final_loss": losses[-1] if losses else None,
+        best = self.best or {}
+        return {"steps": done, "planned_steps": total, "stopped_early": stop,
+                "best_step": best.get("step"), "best_eval_loss": best.get("eval_loss"),
+                "final_loss": losses[-1] if losses else None,
                 "mean_loss": sum(losses) / len(losses) if losses else None,
                 "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
                 "output": self.cfg.output, **{k: v for k, v in last.items() if k.startswith("eval_")}}
+
+    def after_eval(self, model, row: dict, say) -> bool:
+        """Keep the best weights (with --early-stopping-patience or --load-best); True when training should stop:
+        K evaluations in a row without a lower eval loss."""
+        if not self.keep_best or "eval_loss" not in row:
+            return False
+        if self.best is None or row["eval_loss"] < self.best["eval_loss"]:
+            self.best, self.bad = {"step": row["step"], "eval_loss": row["eval_loss"]}, 0
+            if self.cfg.load_best:
+                self.best_weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
+                                     if p.requires_grad}
+            weights = distributed.full_trainable_state(model)  # every rank joins the gather of a sharded model
+            if self.dist.is_main:
+                rundir.save_best(self.cfg.output, lambda folder: checkpoint.save_weights(model, folder, weights),
+                                 self.best)
+            distributed.barrier(self.dist)
+            return False
+        self.bad += 1
+        patience = self.cfg.early_stopping_patience
+        if patience and self.bad >= patience:
+            say(f"early stopping at step {row['step']}: eval loss has not improved for {self.bad} evaluations "
+                f"(best {self.best['eval_loss']:.4f} at step {self.best['step']})")
+            return True
+        return False
+
+    def load_best(self, model) -> str:
+        """--load-best: put the best evaluation's weights back into the model; returns what was done."""
+        import torch
+
+        if self.best_weights is None:  # the best came before a resume and was not beaten since
+            return (f"--load-best: the best weights (step {self.best['step']}) are from before the resume; they "
+                    f"stay in {rundir.best_dir(self.cfg.output)} and the final adapter is the last step's")
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in self.best_weights:
+                    p.copy_(self.best_weights[n].to(p.device))
+        return (f"--load-best: the final adapter is the best one (step {self.best['step']}, eval loss "
+                f"{self.best['eval_loss']:.4f})")
 
     def eval_due(self, done: int) -> bool:
         return (self.cfg.eval_steps and done % self.cfg.eval_steps == 0) or done == len(self.steps)
@@ -252,17 +319,31 @@ class _State:
         if grad_norm is not None:
             row["grad_norm"] = round(grad_norm, 6)
         row.update({"tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3), "tokens": n_tok,
-                    "micro_batch_size": self.micro_size})
+                    "micro_batch_size": self.micro_size,
+                    "peak_memory_gib": round(peak_memory_gib(self.setup.device), 3)})
         return row
 
-    def log_row(self, row: dict) -> None:
-        if self.dist.is_main and (row["step"] % self.cfg.logging_steps == 0 or row["step"] == len(self.steps)
-                                  or "eval_loss" in row):
+    def log_row(self, row: dict, force: bool = False) -> None:
+        if self.dist.is_main and (force or row["step"] % self.cfg.logging_steps == 0
+                                  or row["step"] == len(self.steps) or "eval_loss" in row):
             rundir.append_metrics(self.cfg.output, row)
+            self.trackers.log(row)
 
     def evaluate(self, model) -> dict[str, float]:
         return evaluate(model, self.task, self.cfg.batch_size, self.setup,
                         distributed.SINGLE if self.cfg.fsdp else self.dist)
+
+
+def peak_memory_gib(device: str) -> float:
+    """Peak memory so far: allocated GPU memory on a GPU (this process), the process's peak resident memory on
+    the CPU (Linux reports it in KiB)."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE) -> dict:

@@ -1,5 +1,5 @@
 """The Train panel's form, generated from the settings declared in roctune.config: one component per setting
-(choices: dropdown, bools: checkbox, numbers: number box with the declared bounds, lists and text: text box),
+(choices: dropdown, several for a list, bools: checkbox, numbers: number box with the declared bounds, lists and text: text box),
 and the way back from the form's values to a checked TrainConfig. The checks are the CLI's own
 (`TrainConfig.validate`, `rundir.check_new_output`), so the page shows the exact line `roctune train` prints."""
 from __future__ import annotations
@@ -30,8 +30,8 @@ def component(gr, spec: dict, value: Any = None):
     name, kind, default = spec["name"], spec["kind"], spec["default"]
     kw = dict(label=name.replace("_", " "), info=spec["help"], elem_id=elem_id(name))
     value = default if value is None else value
-    if spec["choices"]:
-        return gr.Dropdown(list(spec["choices"]), value=value, **kw)
+    if spec["choices"]:  # a list with choices (report_to) picks several
+        return gr.Dropdown(list(spec["choices"]), value=value, multiselect=kind == "list", **kw)
     if kind == "bool":
         return gr.Checkbox(value=bool(value), **kw)
     if kind in ("int", "float"):
