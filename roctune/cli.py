@@ -18,6 +18,7 @@ COMMANDS = [
     "train",
     "chat",
     "generate",
+    "eval",
     "merge",
     "estimate",
     "bench",

@@ -134,3 +134,19 @@ def test_early_stopping_stops_at_the_expected_evaluation_and_load_best_saves_the
     kept2 = load_file(os.path.join(cfg2.output, "best", "adapter_model.safetensors"))
     assert all((kept2[k] == kept[k]).all() for k in kept)  # same seed, same data: same best weights
     assert any(not (last[k] == kept[k]).all() for k in kept)
+
+
+def test_train_form_picks_several_trackers(tmp_path):
+    import gradio as gr
+
+    from roctune.webui import Workspace, form_config
+    from roctune.webui.train_form import component, form_specs
+
+    spec = next(s for s in form_specs() if s["name"] == "report_to")
+    box = component(gr, spec)
+    assert box.multiselect and box.value == ["none"]
+    assert {c[0] if isinstance(c, tuple) else c for c in box.choices} >= {"tensorboard", "wandb", "mlflow"}
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    cfg, _ = form_config({"data": "a.jsonl", "output": "runs/x", "report_to": ["tensorboard", "wandb"]},
+                         Workspace(str(tmp_path)))
+    assert cfg.report_to == ["tensorboard", "wandb"]

@@ -1,5 +1,5 @@
-"""The page: `build_app` puts the Doctor, Data, Train, Chat and Export panels in one Gradio Blocks app and
-connects the panels to each other (a dataset goes to Train, a finished run to Chat and Export); `launch` serves
+"""The page: `build_app` puts the Doctor, Data, Train, Chat, Eval and Export panels in one Gradio Blocks app and
+connects the panels to each other (a dataset goes to Train, a finished run to Chat, Eval and Export); `launch` serves
 it. Gradio is imported only here and only when the app is built."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from roctune.errors import EnvironmentProblem
 from roctune.webui import chat, data, doctor, export, train
+from roctune.webui import eval as eval_panel
 from roctune.webui.html import CSS
 from roctune.webui.workspace import Workspace
 
@@ -35,9 +36,10 @@ def build_app(run_root: str = "runs", root: str | None = None):
             data_ui = data.build(gr, ws)
             train_ui = train.build(gr, run_root)
             chat_ui = chat.build(gr, ws, chat.ModelCache())
+            eval_ui = eval_panel.build(gr, ws)
             export_ui = export.build(gr, ws)
         data_ui.use_btn.click(lambda p: p, data_ui.path, train_ui.fields["data"])
-        train.wire(gr, app, train_ui, ws, state, followers=[chat_ui.adapter, export_ui.adapter])
+        train.wire(gr, app, train_ui, ws, state, followers=[chat_ui.adapter, eval_ui.adapter, export_ui.adapter])
         app._roctune_state = state
         app._roctune_workspace = ws
     return app

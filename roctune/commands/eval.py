@@ -1,0 +1,84 @@
+"""`roctune eval`: is the fine-tune better than its base model on held-out data, and where? For both models, on
+the same records: teacher-forced loss and perplexity (as training computes them), BLEU-4, ROUGE-1/2/L and exact
+match of greedy answers against the reference answers; a report (HTML, Markdown, predictions JSONL) in --output
+(default RUN/eval); --tasks runs lm-evaluation-harness benchmarks too."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="compare a fine-tune with its base model on held-out data", description=__doc__)
+    p.add_argument("--adapter", metavar="RUN", required=True, help="run directory from roctune train (or a PEFT "
+                   "adapter directory)")
+    p.add_argument("--data", metavar="FILE", action="append", required=True,
+                   help="held-out records with reference answers, any training format (repeatable; DIR:name too)")
+    p.add_argument("--output", metavar="DIR", help="report folder (default: RUN/eval for a roctune run)")
+    p.add_argument("--json", action="store_true", help="print only {n, base: {...}, tuned: {...}} as JSON")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="answer length (default 64)")
+    p.add_argument("--max-length", type=int, metavar="N", help="tokens per record (default: the run's)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="answers generated at once (default 8)")
+    p.add_argument("--tasks", metavar="NAME[,NAME]", help="lm-evaluation-harness tasks or task files (task.yaml); "
+                   "needs pip install 'roctune[lm-eval]'")
+    p.add_argument("--limit", type=int, metavar="N", help="with --tasks: at most N examples per task")
+    p.add_argument("--model", metavar="NAME", help="base model (default: the run's, from run.yaml)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _check(args) -> str | None:
+    """Flag values; returns the report folder (None: no report)."""
+    from roctune import rundir
+    from roctune.errors import ConfigError
+    from roctune.eval import report
+
+    for name in ("max_new_tokens", "max_length", "batch_size", "limit"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (got {value})")
+    if not os.path.isdir(args.adapter):
+        raise ConfigError(f"--adapter {args.adapter}: no such directory")
+    out = args.output or (os.path.join(args.adapter, rundir.EVAL_DIR) if rundir.is_run_dir(args.adapter) else None)
+    if out:
+        report.check_output(out)
+    return out
+
+
+def run(args) -> int:
+    from roctune.eval import report
+    from roctune.eval.run import Options, evaluate, prepare
+
+    out = _check(args)
+    opts = Options(args.adapter, args.data, args.model, args.max_new_tokens, args.max_length, args.batch_size,
+                   args.device, args.dtype, args.trust_remote_code, args.tasks, args.limit)
+    records, max_length, tasks = prepare(opts)
+    # with --json, stdout carries the JSON alone: progress goes to stderr
+    say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    result = evaluate(opts, records, max_length, tasks, say)
+    if out:
+        report.write(out, result)
+        say(f"report: {os.path.join(out, 'report.html')} (also report.md, predictions.jsonl)")
+    summary = {k: result[k] for k in ("n", "base", "tuned", "tasks") if k in result}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _table(summary)
+    return 0
+
+
+def _table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from roctune.eval.report import ROWS
+
+    table = Table(title=f"base vs fine-tuned on {summary['n']} held-out records")
+    for col in ("metric", "base", "tuned"):
+        table.add_column(col)
+    for key, label, better in ROWS:
+        table.add_row(f"{label} ({better} is better)", str(summary["base"][key]), str(summary["tuned"][key]))
+    Console().print(table)
