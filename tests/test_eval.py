@@ -72,7 +72,7 @@ def test_eval_json_tuned_beats_base_and_report_lists_every_record(identity_run, 
     assert [p["prompt"] for p in preds] == [q for q, _ in HELD_OUT]
     assert all(p["tuned_answer"] and p["base_answer"] for p in preds)
     md = (report_dir / "report.md").read_text(encoding="utf-8")
-    assert md.count("\n| ") - 1 - 7 == len(HELD_OUT)  # header rows aside: 7 metrics, then one row per record
+    assert md.count("\n| ") == 1 + 7 + 1 + len(HELD_OUT)  # metrics header + 7 rows, examples header + one each
     improvements = [e["improvement"] for e in json.load(open(report_dir / "eval.json"))["examples"]]
     assert improvements == sorted(improvements, reverse=True)
 
