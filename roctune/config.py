@@ -173,15 +173,30 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     if meta.get("choices") and value not in meta["choices"]:
         raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {value!r})")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")})
+
+
+def check_number(name: str, value: Any, ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None) -> None:
+    """A number from a flag: finite and within the bounds, or a ConfigError naming `name` (e.g. --top-p).
+    Commands whose flags are not training settings check theirs with this, so every number is refused the
+    same way (None and non-numbers pass: argparse has typed them)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not math.isfinite(value):
-        raise ConfigError(f"{flag(f.name)} must be a finite number (got {value})")
-    for key, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                          ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
-        bound = meta.get(key)
+        raise ConfigError(f"{name} must be a finite number (got {value})")
+    for bound, ok, word in ((ge, lambda v, b: v >= b, ">="), (gt, lambda v, b: v > b, ">"),
+                            (le, lambda v, b: v <= b, "<="), (lt, lambda v, b: v < b, "<")):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{flag(f.name)} must be {word} {bound:g} (got {value:g})")
+            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})")
+
+
+def check_settings(args: Any, names: tuple[str, ...]) -> None:
+    """Check the attributes `names` of `args` (a command's parsed flags named as training settings, e.g. bench's
+    --lr) by the settings' own declared rules, so the same number is refused the same way in every command."""
+    by_name = {f.name: f for f in fields()}
+    for name in names:
+        check_value(by_name[name], getattr(args, name))
 
 
 def fields() -> list[dataclasses.Field]:

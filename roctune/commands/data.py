@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     s.add_argument("--types", nargs="+", metavar="TYPE",
                    help="only these types (default all): email id_card bank_card phone landline ip")
     s.add_argument("--report", metavar="FILE", help="also write the counts as JSON to FILE")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and --report FILE)")
 
     sp = sub.add_parser("split", help="de-duplicate, then split into train and eval files",
                         description="Drop duplicates (after normalising case, punctuation and spacing), then "
@@ -42,6 +43,7 @@ def register(subparsers) -> None:
     sp.add_argument("--seed", type=int, default=0, metavar="S")
     sp.add_argument("--out-train", required=True, metavar="A")
     sp.add_argument("--out-eval", required=True, metavar="B")
+    sp.add_argument("--overwrite", action="store_true", help="replace existing A and B files")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,11 +65,10 @@ def _console():
 
 
 def _check(args) -> int:
+    from roctune.config import check_number
     from roctune.data.check import check_data
-    from roctune.errors import ConfigError
 
-    if args.max_length is not None and args.max_length <= 0:
-        raise ConfigError("--max-length must be a positive number of tokens")
+    check_number("--max-length", args.max_length, gt=0)
     tokenizer = None
     if args.model or args.max_length:
         from roctune.models import load_tokenizer
@@ -126,12 +127,15 @@ def _scrub(args) -> int:
     from rich.table import Table
 
     from roctune.data.pii import PLACEHOLDERS
-    from roctune.data.scrub import scrub_file, write_report
+    from roctune.data.readers import file_kind
+    from roctune.data.scrub import check_outputs, scrub_file, write_report
 
     types = None
     if args.types:
         types = [t.strip() for item in args.types for t in item.split(",") if t.strip()]
-    report = scrub_file(args.input, args.output, types)
+    file_kind(args.input)  # a missing input is named before any output
+    check_outputs(args.input, args.output, args.report, args.overwrite)  # both, before anything is written
+    report = scrub_file(args.input, args.output, types, overwrite=args.overwrite)
     if args.report:
         write_report(report, args.report)
     table = Table(title=f"Redacted in {report['records']} records ({report['records_changed']} changed)",
@@ -148,9 +152,13 @@ def _scrub(args) -> int:
 
 
 def _split(args) -> int:
+    from roctune.config import check_number, check_settings
     from roctune.data.split import split_data
 
-    r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed)
+    check_number("--eval-ratio", args.eval_ratio, gt=0, lt=1)
+    check_settings(args, ("seed",))
+
+    r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed, overwrite=args.overwrite)
     _console().print(f"{r['records']} records, {r['duplicates_dropped']} duplicates dropped: "
                      f"{r['train']} -> {args.out_train}, {r['eval']} -> {args.out_eval} (seed {r['seed']})")
     return 0

@@ -100,7 +100,8 @@ def run_scrub(path: str, out: str, types: list[str] | None) -> str:
     from roctune.data.pii import PLACEHOLDERS
     from roctune.data.scrub import scrub_file
 
-    report = scrub_file(path, out, types or None)
+    # the page's outputs are confined to the workspace, where replacing an earlier scrub is what the user asked
+    report = scrub_file(path, out, types or None, overwrite=True)
     rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
                    for t, n in report["counts"].items())
     return (f"<p>Redacted in {report['records']} records ({report['records_changed']} changed); "
