@@ -363,10 +363,14 @@ def load_checkpoint(run_dir: str, read_weights: Callable[[str], Any]) -> dict | 
     problems = []
     for step in reversed(steps):
         folder = checkpoint_dir(run_dir, step)
+        part = ADAPTER_WEIGHTS  # named in the message: which file of the checkpoint is damaged
         try:
-            return {"step": step, "weights": read_weights(folder), "state": read_state(folder), "folder": folder}
+            weights = read_weights(folder)
+            legacy = not os.path.isfile(os.path.join(folder, STATE_JSON))
+            part = "optimizer.pt (tensors only: a pickle is refused)" if legacy else f"{STATE_TENSORS} + {STATE_JSON}"
+            return {"step": step, "weights": weights, "state": read_state(folder), "folder": folder}
         except Exception as e:  # noqa: BLE001 - any damage (truncated file, bad JSON) means: try the previous one
-            problems.append(f"{folder}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            problems.append(f"{folder}/{part}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
             log.warning("checkpoint %s cannot be read (%s); trying the previous one", folder, type(e).__name__)
     if problems:
         raise RoctuneError(f"--resume: no intact checkpoint in {run_dir} ({'; '.join(problems)}); start a new run")
