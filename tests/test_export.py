@@ -162,3 +162,18 @@ def test_tiny_export_overwrite_and_failed_check_writes_nothing(tmp_path, tiny_mo
         export(tiny_model_dir, out, quant="q8_0", name="tiny-model", overwrite=True, log=lambda s: None)
     assert sorted(os.listdir(out)) == ["DEPLOY.md", "Modelfile", "roctune_export.json", "tiny-model-f16.gguf"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+
+
+def test_webui_export_panel_confines_paths_and_shows_check(tmp_path, tiny_model_dir):
+    import shutil
+
+    from roctune.webui.export import gguf_handler
+    from roctune.webui.workspace import Workspace
+
+    ws = Workspace(str(tmp_path))
+    shutil.copytree(tiny_model_dir, tmp_path / "run")
+    status = gguf_handler(ws)("run", str(tmp_path.parent / "out-gguf"), "q8_0", "", True, False)
+    assert "roctune export: error: --output" in status and "outside the workspace" in status
+    status = gguf_handler(ws)("run", "run-gguf", "q8_0", "tiny", True, False)
+    assert "fidelity check (q8_0" in status and "<th>GGUF answers</th>" in status, status
+    assert os.path.isfile(tmp_path / "run-gguf" / "tiny-q8_0.gguf")
