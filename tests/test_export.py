@@ -7,29 +7,16 @@ import os
 
 import pytest
 
-from conftest import IDENTITY
-
 QUESTION = [{"role": "user", "content": "Who are you?"}]
-
-
-@pytest.fixture(scope="module")
-def identity_run(tmp_path_factory, default_model_dir):
-    from roctune.config import TrainConfig
-    from roctune.recipes import train
-
-    out = str(tmp_path_factory.mktemp("export-identity") / "run")
-    cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,
-                      lora_r=16, lora_alpha=32, max_length=128, device="cpu", seed=1)
-    train(cfg, log=lambda s: None, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")
 def exports(identity_run, tmp_path_factory):
     from roctune.export import export
 
+    run, _ = identity_run
     root = tmp_path_factory.mktemp("exports")
-    return {q: (str(root / q), export(identity_run, str(root / q), quant=q, name="roc", log=lambda s: None))
+    return {q: (str(root / q), export(run, str(root / q), quant=q, name="roc", log=lambda s: None))
             for q in ("q8_0", "f16")}
 
 
@@ -64,6 +51,7 @@ def test_gguf_read_back_independently_answers_tuned_name(exports):
 @pytest.mark.slow
 def test_modelfile_and_deploy_recipe(exports, identity_run):
     folder, _ = exports["q8_0"]
+    run, _ = identity_run
     text = open(os.path.join(folder, "Modelfile"), encoding="utf-8").read()
     assert text.startswith("FROM ./roc-q8_0.gguf\n")
     assert 'TEMPLATE """{{ range .Messages }}{{ if eq .Role "system" }}<|im_start|>system\n{{ .Content }}' in text
@@ -72,7 +60,7 @@ def test_modelfile_and_deploy_recipe(exports, identity_run):
     assert 'SYSTEM """You are a helpful AI assistant named SmolLM' in text  # the template's default, as trained
     deploy = open(os.path.join(folder, "DEPLOY.md"), encoding="utf-8").read()
     for line in ("llama-server -m", "ollama create roc -f Modelfile", "vllm serve", "--enable-lora",
-                 f"--lora-modules roc={identity_run}", "sglang.launch_server", "--max-lora-rank 16"):
+                 f"--lora-modules roc={run}", "sglang.launch_server", "--max-lora-rank 16"):
         assert line in deploy, line
 
 
