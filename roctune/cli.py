@@ -19,6 +19,7 @@ COMMANDS = [
     "chat",
     "generate",
     "merge",
+    "export",
     "estimate",
     "bench",
     "serve",
