@@ -77,6 +77,9 @@ def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
     either the old or the new folder, and the temporary folder is removed on any error."""
     parent = os.path.dirname(os.path.abspath(target))
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes a private 0700 folder; the result gets the usual mode
     old = None
     try:
         fill(tmp)
