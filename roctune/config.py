@@ -51,6 +51,13 @@ class TrainConfig:
     eval_ratio: float = setting(0.0, "hold out this fraction of the training data for evaluation", ge=0, lt=1,
                                 group="data")
     max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data")
+    learn_reasoning: bool = setting(True, "learn the reasoning of answers (<think> blocks, reasoning_content); "
+                                    "off: it stays in the context but is not learned", group="data")
+    empty_think: str = setting("learn", "an empty <think></think> block in an answer: learn it (answer without "
+                               "thinking), mask it (context only) or drop it", choices=("learn", "mask", "drop"),
+                               group="data")
+    data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
+                               "--resume does not tokenize again", group="data")
     # ---- model and method
     model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
                                 metavar="NAME", group="model")

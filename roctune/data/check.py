@@ -87,7 +87,7 @@ class _Scan:
         if near in eval_keys:
             self.overlap.add(ex.where)
         if tokenizer is not None:
-            ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where)
+            ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where, ex.tools)
             self.lengths.append(len(ids))
 
 

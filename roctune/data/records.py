@@ -20,8 +20,9 @@ class Record:
     """One example as read from a file: where it came from and its conversation."""
 
     source: str  # "file.jsonl:line 3" or "file.json:record 2"
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    tools: list[dict] | None = None  # the functions the assistant may call (OpenAI schema), if any
 
 
 @dataclass(slots=True)
@@ -30,9 +31,10 @@ class Example:
 
     where: str
     obj: dict
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     path: str
     num: int  # line (JSONL, CSV), record index (JSON) or row index (Parquet)
+    tools: list[dict] | None = None
 
 
 def combine_errors(errors: list[DataError], more: bool = False) -> DataError:
@@ -94,10 +96,11 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Itera
                     n_raw += 1
                     try:
                         msgs = src.to_messages(obj, where)
+                        tools = src.to_tools(obj, where)
                     except DataError as e:
                         raise_or_report(on_error, e)
                         continue
-                    yield Example(where, obj, msgs, src.path, num)
+                    yield Example(where, obj, msgs, src.path, num, tools)
             except DataError as e:  # the file cannot be read on (truncated, not UTF-8, empty): go to the next
                 count_error(e)
             if n_raw == 0 and n_errors == 0:
@@ -116,7 +119,7 @@ def load_records(paths: str | Iterable[str], limit: int | None = None, max_error
     errors = ErrorLimit(max_errors)
     with errors.collecting():
         for ex in iter_examples(paths, errors):
-            records.append(Record(ex.where, ex.messages, ex.obj))
+            records.append(Record(ex.where, ex.messages, ex.obj, ex.tools))
             if limit is not None and len(records) >= limit:
                 break
     return records

@@ -1,7 +1,8 @@
 """Dataset sources: the files one --data value names, and how their records map to the known formats.
 
 A --data value is a file, or a LLaMA-Factory data directory as DIR:name[,name...] (DIR alone when its
-dataset_info.json holds a single dataset); each entry's file_name, formatting, columns and tags are honoured.
+dataset_info.json holds a single dataset); each entry's file_name, formatting, columns and tags are honoured,
+including sharegpt's `function_tag` / `observation_tag` turns and the `tools` column of tool-calling datasets.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from roctune.data.formats import field_text, maybe_json, parse_turns, to_messages
+from roctune.data.formats import field_text, maybe_json, parse_turns, record_tools, to_messages
 from roctune.errors import DataError
 
 _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".pq")
@@ -30,6 +31,10 @@ class Source:
         if self.formatting is not None:
             obj = _llamafactory_record(obj, self, where)
         return to_messages(obj, where, check_order=True)
+
+    def to_tools(self, obj: dict, where: str) -> list[dict] | None:
+        """The record's tool list: its `tools` field, or the column dataset_info.json maps `tools` to."""
+        return record_tools(obj, where, self.columns.get("tools", "tools"))
 
 
 def resolve_sources(spec: str) -> list[Source]:
@@ -106,7 +111,9 @@ def sharegpt_tags(src: Source) -> tuple[str, str, dict[str, str]]:
     """(role key, content key, role map) of a LLaMA-Factory sharegpt dataset, from its tags."""
     tags = src.tags
     role_map = {tags.get("user_tag", "human"): "user", tags.get("assistant_tag", "gpt"): "assistant",
-                tags.get("system_tag", "system"): "system"}
+                tags.get("system_tag", "system"): "system",
+                tags.get("function_tag", "function_call"): "function_call",
+                tags.get("observation_tag", "observation"): "tool"}
     return tags.get("role_tag", "from"), tags.get("content_tag", "value"), role_map
 
 
