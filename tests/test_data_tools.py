@@ -181,3 +181,13 @@ def test_train_a_few_steps_on_tool_calls(tmp_path, default_model_dir):
                       batch_size=1, grad_accum=1, max_length=320, device="cpu", data_cache=False)
     summary = train(cfg, log=lambda s: None, progress=False)
     assert summary["steps"] == 2 and summary["final_loss"] == summary["final_loss"]  # ran, loss not NaN
+
+
+def test_web_ui_data_panel_shows_the_same_preview(tmp_path):
+    from roctune.webui.data import CONTEXT_STYLE, LEARNED_STYLE, preview_learned
+
+    html = preview_learned(sources(tmp_path)["openai"], 0)
+    assert f"<span style='{LEARNED_STYLE}'>It is 18C and sunny in Paris.&lt;|im_end|&gt;" in html
+    learned = [part.split("</span>")[0] for part in html.split(f"<span style='{LEARNED_STYLE}'>")[1:]]
+    assert not any("SECRET_RESULT" in t for t in learned)
+    assert "SECRET_RESULT" in html and CONTEXT_STYLE in html
