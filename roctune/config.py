@@ -44,7 +44,8 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
 @dataclass
 class TrainConfig:
     # ---- what to train on, and where the run goes
-    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json)",
+    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json; "
+                              "PATH:W mixes the files by weights W in a seeded order)",
                               repeat=True, metavar="PATH", group="data")
     output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data")
     eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data")

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from roctune.data.render import Tokenized
-from roctune.data.sources import resolve_sources
+from roctune.data.sources import resolve_sources, split_weight
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ def data_digest(specs: list[str]) -> str:
     """SHA-256 of the content of every file the --data values name (their names do not count)."""
     h = hashlib.sha256()
     for spec in specs:
+        spec, weight = split_weight(spec)
+        h.update(f"\0weight {weight}\0".encode())  # weights change which records are read, and their order
         sources = resolve_sources(spec)
         if not os.path.isfile(spec):  # a LLaMA-Factory directory: its mapping shapes the records too
             directory = spec if os.path.isdir(spec) else spec.rpartition(":")[0]

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from roctune.data.formats import parse_tool_calls
 from roctune.errors import DataError
 
 if TYPE_CHECKING:
@@ -131,12 +132,24 @@ def _reasoning(messages: list[dict], in_template: bool, options: RenderOptions) 
     return out
 
 
+def _normalise(m: dict) -> dict:
+    """A message as read by `formats` would give it; those from an API request may have null content next to
+    tool calls, and arguments as a JSON string (OpenAI's wire format)."""
+    if "tool_calls" not in m and m.get("content") is not None:
+        return m
+    m = {**m, "content": m.get("content") or ""}
+    if m.get("tool_calls"):
+        m["tool_calls"] = parse_tool_calls(m["tool_calls"], "messages", "tool_calls")
+    return m
+
+
 def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None,
                      options: RenderOptions | None = None) -> tuple[list[dict], list[dict] | None]:
     """The messages and tool list as this tokenizer's chat template takes them (tools and reasoning rewritten
     into the fallback format where the template does not handle them)."""
     options = options or RenderOptions()
     tpl = _template_text(tokenizer)
+    messages = [_normalise(m) for m in messages]
     messages = _reasoning(messages, "reasoning_content" in tpl, options)
     has_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if has_tools and not template_supports_tools(tokenizer):
