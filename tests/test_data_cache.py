@@ -45,6 +45,8 @@ def test_second_run_reads_the_cache(tmp_path, monkeypatch, tokenizer):
     second = run_once(tok, data)
     assert tok.calls == 5  # nothing tokenized again
     assert [(e.input_ids, e.labels, e.source) for e in second] == [(e.input_ids, e.labels, e.source) for e in first]
+    assert isinstance(second, cache.CachedExamples)  # memory-mapped: built when indexed
+    assert second[-1].labels == first[-1].labels and len(second[1:3]) == 2
     entries = os.listdir(tmp_path / "home" / "cache" / "tokenized")
     assert len(entries) == 1 and not entries[0].startswith(".tmp")
     assert np.load(tmp_path / "home" / "cache" / "tokenized" / entries[0] / "input_ids.npy").dtype == np.int32
@@ -62,6 +64,9 @@ def test_unreadable_entry_is_ignored(tmp_path, tokenizer):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}])
     items, dropped = tokenize_records(tokenizer, load_records(data), 64)
     folder = cache.save(str(tmp_path / "c"), "k", items, dropped)
+    with open(os.path.join(folder, "input_ids.npy"), "r+b") as f:
+        f.truncate(100)  # cut short
+    assert cache.load(str(tmp_path / "c"), "k") is None
     os.unlink(os.path.join(folder, "offsets.npy"))
     assert cache.load(str(tmp_path / "c"), "k") is None
     got, _, hit = cache.cached(str(tmp_path / "c"), "k2", lambda: (items, dropped))

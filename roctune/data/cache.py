@@ -11,6 +11,10 @@ An entry is a folder `<cache_dir>/<key>/`: `input_ids.npy` (int32, all examples 
 `meta.json` (record locations, the dropped count, what the key was made of). No pickle: numpy arrays are read
 with `allow_pickle=False`, so a cache folder cannot run code. Entries are written to a temporary folder and
 renamed into place, so a crash leaves no half entry, and processes writing the same entry do not collide.
+
+An entry is read back memory-mapped (`CachedExamples`): the token arrays stay on disk, in the page cache the
+system can reclaim, and an example is built when the training loop asks for it; what lives in memory is
+8 bytes of offset and the location string per example (about 100 bytes each), not the tokens.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -99,7 +104,25 @@ def save(cache_dir: str, key: str, items: list[Tokenized], dropped: int) -> str:
     return final
 
 
-def load(cache_dir: str, key: str) -> tuple[list[Tokenized], int] | None:
+class CachedExamples(Sequence):
+    """The examples of one cache entry, built from the memory-mapped arrays when indexed."""
+
+    def __init__(self, ids: np.ndarray, learned: np.ndarray, offsets: np.ndarray, sources: list[str]):
+        self.ids, self.learned, self.offsets, self.sources = ids, learned, offsets, sources
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices; IndexError past the end
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        ids = np.asarray(self.ids[a:b], dtype=np.int64)
+        return Tokenized(ids.tolist(), np.where(self.learned[a:b] != 0, ids, -100).tolist(), self.sources[i])
+
+
+def load(cache_dir: str, key: str) -> tuple[CachedExamples, int] | None:
     """The entry's (examples, dropped), or None when there is none (or it cannot be read: it is then ignored)."""
     folder = os.path.join(cache_dir, key)
     if not os.path.isdir(folder):
@@ -107,22 +130,20 @@ def load(cache_dir: str, key: str) -> tuple[list[Tokenized], int] | None:
     try:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
-        ids, learned, offsets = (np.load(os.path.join(folder, f"{n}.npy"), allow_pickle=False)
+        ids, learned, offsets = (np.load(os.path.join(folder, f"{n}.npy"), mmap_mode="r", allow_pickle=False)
                                  for n in ("input_ids", "learned", "offsets"))
-        labels = np.where(learned.astype(bool), ids, -100)
-        ids_l, labels_l, bounds = ids.tolist(), labels.tolist(), offsets.tolist()
         sources = meta["sources"]
-        if meta.get("version") != CACHE_VERSION or len(sources) != len(bounds) - 1:
+        if (meta.get("version") != CACHE_VERSION or len(sources) != len(offsets) - 1
+                or len(ids) != len(learned) or (len(offsets) and int(offsets[-1]) != len(ids))):
             raise ValueError("entry does not match its metadata")
-        items = [Tokenized(ids_l[a:b], labels_l[a:b], s) for a, b, s in zip(bounds, bounds[1:], sources)]
-        return items, int(meta["dropped"])
+        return CachedExamples(ids, learned, np.asarray(offsets), sources), int(meta["dropped"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("tokenized-data cache %s is unreadable (%s); tokenizing again", folder, e)
         return None
 
 
 def cached(cache_dir: str | None, key: str | None,
-           compute: Callable[[], tuple[list[Tokenized], int]]) -> tuple[list[Tokenized], int, bool]:
+           compute: Callable[[], tuple[list[Tokenized], int]]) -> tuple[Sequence[Tokenized], int, bool]:
     """(examples, dropped, hit): from the cache entry `key` if there is one, else `compute()`d and saved."""
     if cache_dir and key:
         got = load(cache_dir, key)
