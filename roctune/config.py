@@ -59,6 +59,8 @@ class TrainConfig:
                                group="data")
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
                                "--resume does not tokenize again", group="data")
+    streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
+                              "and train from it memory-mapped: for datasets larger than memory (sft)", group="data")
     # ---- model and method
     model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
                                 metavar="NAME", group="model")
@@ -150,6 +152,9 @@ class TrainConfig:
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ConfigError("set --epochs > 0 or --max-steps > 0")
+        if self.streaming and (not self.data_cache or self.stage != "sft"):
+            raise ConfigError("--streaming tokenizes into the data cache for sft; drop --no-data-cache "
+                              "(or --streaming for dpo)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
         if self.method == "qlora" and self.fsdp:

@@ -31,7 +31,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from roctune.data.records import load_records
-    from roctune.data.render import RenderOptions, tokenize_records
+    from roctune.data.render import RenderOptions, iter_tokenized, tokenize_records
     from roctune.models import load_tokenizer
     from roctune.training.session import tokenize_splits
 
@@ -48,7 +48,7 @@ def main() -> int:
         times, lines = [], []
         for _ in range(2):
             t = time.perf_counter()
-            items, _ = tokenize_splits(tokenize_records, tok, records, [], cfg, lines.append, "example", settings)
+            items, _ = tokenize_splits(tokenize_records, tok, records, [], cfg, lines.append, "example", (settings, iter_tokenized))
             times.append(time.perf_counter() - t)
         n_tok = sum(len(e.input_ids) for e in items)
     hit = any("read from the cache" in s for s in lines)

@@ -6,15 +6,16 @@ read, the tokenizer (its full serialized vocabulary and rules, or its vocabulary
 template, and the settings (max length, reasoning options, which recipe). Any change gives a new key, so an entry
 is never stale; it is never updated in place either.
 
-An entry is a folder `<cache_dir>/<key>/`: `input_ids.npy` (int32, all examples end to end), `learned.npy`
-(uint8: 1 where the label is the token itself, 0 where it is -100), `offsets.npy` (int64, n+1 boundaries) and
-`meta.json` (record locations, the dropped count, what the key was made of). No pickle: numpy arrays are read
-with `allow_pickle=False`, so a cache folder cannot run code. Entries are written to a temporary folder and
-renamed into place, so a crash leaves no half entry, and processes writing the same entry do not collide.
+An entry is a folder `<cache_dir>/<key>/` of flat little-endian arrays: `input_ids.i32` (all examples end to
+end), `learned.u8` (1 where the label is the token itself, 0 where it is -100), `offsets.i64` (n+1 boundaries),
+`sources.txt` (each example's location, one JSON string a line) with `source_offsets.i64`, and `meta.json`
+(counts, the dropped count). No pickle: the arrays are raw numbers read with `np.memmap`, so a cache folder cannot
+run code. An entry is written example by example (`build`, a chunk at a time) into a temporary folder and renamed
+into place, so a crash leaves no half entry, and processes writing the same entry do not collide.
 
-An entry is read back memory-mapped (`CachedExamples`): the token arrays stay on disk, in the page cache the
-system can reclaim, and an example is built when the training loop asks for it; what lives in memory is
-8 bytes of offset and the location string per example (about 100 bytes each), not the tokens.
+An entry is read back memory-mapped (`CachedExamples`): the token arrays and locations stay on disk, in the page
+cache the system can reclaim, and an example is built when the training loop asks for it. Memory bound while
+building: one chunk (`CHUNK` examples) of token lists; while reading: nothing per example beyond the mappings.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
+from itertools import chain
 from typing import Callable
 
 import numpy as np
@@ -34,7 +37,7 @@ from roctune.data.sources import resolve_sources, split_weight
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # raise when the entry layout or the rendering of examples changes
+CACHE_VERSION = 2  # part of the key; raise when the entry layout or the rendering of examples changes
 _CHUNK = 1 << 20
 
 
@@ -79,22 +82,55 @@ def cache_key(specs: list[str], n_records: int, tokenizer, settings: dict) -> st
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def save(cache_dir: str, key: str, items: list[Tokenized], dropped: int) -> str:
-    """Write one entry (atomically); returns its folder."""
+CHUNK = 4096  # examples held in memory at once while an entry is written
+_FILES = {"input_ids": ("input_ids.i32", "<i4"), "learned": ("learned.u8", "u1"), "offsets": ("offsets.i64", "<i8"),
+          "source_offsets": ("source_offsets.i64", "<i8")}
+
+
+def _write_chunk(files: dict, chunk: list[Tokenized], pos: list[int]) -> None:
+    """Append a chunk of examples to the open entry files; `pos` holds the token and source byte counts so far."""
+    lengths = np.fromiter((len(e.input_ids) for e in chunk), dtype=np.int64, count=len(chunk))
+    np.cumsum(lengths, out=lengths)
+    (lengths + pos[0]).astype("<i8").tofile(files["offsets"])
+    n = int(lengths[-1])
+    np.fromiter((t for e in chunk for t in e.input_ids), dtype="<i4", count=n).tofile(files["input_ids"])
+    np.fromiter((x != -100 for e in chunk for x in e.labels), dtype="u1", count=n).tofile(files["learned"])
+    lines = [json.dumps(e.source, ensure_ascii=False).encode() + b"\n" for e in chunk]
+    ends = np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))) + pos[1]
+    ends.astype("<i8").tofile(files["source_offsets"])
+    files["sources"].write(b"".join(lines))
+    pos[0] += n
+    pos[1] = int(ends[-1])
+
+
+def build(cache_dir: str, key: str, stream: Iterable[Tokenized | None]) -> str:
+    """Write one entry from a stream of examples (None: an example dropped by truncation), a chunk at a time,
+    atomically; returns its folder."""
     os.makedirs(cache_dir, exist_ok=True)
     final = os.path.join(cache_dir, key)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache_dir)
     try:
-        lengths = np.fromiter((len(e.input_ids) for e in items), dtype=np.int64, count=len(items))
-        offsets = np.zeros(len(items) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        ids = np.fromiter((t for e in items for t in e.input_ids), dtype=np.int32, count=int(offsets[-1]))
-        learned = np.fromiter((x != -100 for e in items for x in e.labels), dtype=np.uint8, count=int(offsets[-1]))
-        for name, arr in (("input_ids", ids), ("learned", learned), ("offsets", offsets)):
-            np.save(os.path.join(tmp, f"{name}.npy"), arr, allow_pickle=False)
+        files = {k: open(os.path.join(tmp, name), "wb") for k, (name, _) in _FILES.items()}
+        files["sources"] = open(os.path.join(tmp, "sources.txt"), "wb")
+        with ExitStack() as stack:
+            for f in files.values():
+                stack.enter_context(f)
+            np.zeros(1, dtype="<i8").tofile(files["offsets"])
+            np.zeros(1, dtype="<i8").tofile(files["source_offsets"])
+            pos, chunk, count, dropped = [0, 0], [], 0, 0
+            for item in stream:
+                if item is None:
+                    dropped += 1
+                    continue
+                chunk.append(item)
+                if len(chunk) >= CHUNK:
+                    _write_chunk(files, chunk, pos)
+                    count, chunk = count + len(chunk), []
+            if chunk:
+                _write_chunk(files, chunk, pos)
+                count += len(chunk)
         with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
-            json.dump({"version": CACHE_VERSION, "examples": len(items), "dropped": dropped,
-                       "sources": [e.source for e in items]}, f)
+            json.dump({"version": CACHE_VERSION, "examples": count, "tokens": pos[0], "dropped": dropped}, f)
         os.rename(tmp, final)
     except OSError:
         if not os.path.isdir(final):  # another process wrote the same entry first: theirs is as good
@@ -104,22 +140,43 @@ def save(cache_dir: str, key: str, items: list[Tokenized], dropped: int) -> str:
     return final
 
 
-class CachedExamples(Sequence):
-    """The examples of one cache entry, built from the memory-mapped arrays when indexed."""
+def save(cache_dir: str, key: str, items: Iterable[Tokenized], dropped: int) -> str:
+    """Write one entry from examples already in memory (and the number dropped)."""
+    return build(cache_dir, key, chain(items, [None] * dropped))
 
-    def __init__(self, ids: np.ndarray, learned: np.ndarray, offsets: np.ndarray, sources: list[str]):
-        self.ids, self.learned, self.offsets, self.sources = ids, learned, offsets, sources
+
+class CachedExamples(Sequence):
+    """The examples of one cache entry (or a selection of them), built from the memory-mapped arrays when indexed."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], blob: np.ndarray, index: np.ndarray | None = None):
+        self.arrays, self.blob, self.index = arrays, blob, index
 
     def __len__(self) -> int:
-        return len(self.sources)
+        return len(self.index) if self.index is not None else len(self.arrays["offsets"]) - 1
+
+    def select(self, indices) -> "CachedExamples":
+        """A view of the examples at `indices` (nothing is copied but the indices)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return CachedExamples(self.arrays, self.blob, idx if self.index is None else self.index[idx])
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = range(len(self))[i]  # negative indices; IndexError past the end
-        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        ids = np.asarray(self.ids[a:b], dtype=np.int64)
-        return Tokenized(ids.tolist(), np.where(self.learned[a:b] != 0, ids, -100).tolist(), self.sources[i])
+        if self.index is not None:
+            i = int(self.index[i])
+        a, b = int(self.arrays["offsets"][i]), int(self.arrays["offsets"][i + 1])
+        ids = np.asarray(self.arrays["input_ids"][a:b], dtype=np.int64)
+        labels = np.where(self.arrays["learned"][a:b] != 0, ids, -100)
+        s, e = int(self.arrays["source_offsets"][i]), int(self.arrays["source_offsets"][i + 1])
+        return Tokenized(ids.tolist(), labels.tolist(), json.loads(bytes(self.blob[s:e])))
+
+
+def _map(folder: str, name: str, dtype: str) -> np.ndarray:
+    path = os.path.join(folder, name)
+    if os.path.getsize(path) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def load(cache_dir: str, key: str) -> tuple[CachedExamples, int] | None:
@@ -130,29 +187,28 @@ def load(cache_dir: str, key: str) -> tuple[CachedExamples, int] | None:
     try:
         with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
-        ids, learned, offsets = (np.load(os.path.join(folder, f"{n}.npy"), mmap_mode="r", allow_pickle=False)
-                                 for n in ("input_ids", "learned", "offsets"))
-        sources = meta["sources"]
-        if (meta.get("version") != CACHE_VERSION or len(sources) != len(offsets) - 1
-                or len(ids) != len(learned) or (len(offsets) and int(offsets[-1]) != len(ids))):
+        arrays = {k: _map(folder, name, dtype) for k, (name, dtype) in _FILES.items()}
+        blob = _map(folder, "sources.txt", "u1")
+        n, offsets, src = meta["examples"], arrays["offsets"], arrays["source_offsets"]
+        if (meta.get("version") != CACHE_VERSION or len(offsets) != n + 1 or len(src) != n + 1
+                or int(offsets[-1]) != len(arrays["input_ids"]) or len(arrays["learned"]) != len(arrays["input_ids"])
+                or int(src[-1]) != len(blob)):
             raise ValueError("entry does not match its metadata")
-        return CachedExamples(ids, learned, np.asarray(offsets), sources), int(meta["dropped"])
+        return CachedExamples(arrays, blob), int(meta["dropped"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("tokenized-data cache %s is unreadable (%s); tokenizing again", folder, e)
         return None
 
 
-def cached(cache_dir: str | None, key: str | None,
-           compute: Callable[[], tuple[list[Tokenized], int]]) -> tuple[Sequence[Tokenized], int, bool]:
-    """(examples, dropped, hit): from the cache entry `key` if there is one, else `compute()`d and saved."""
-    if cache_dir and key:
-        got = load(cache_dir, key)
-        if got is not None:
-            return got[0], got[1], True
-    items, dropped = compute()
-    if cache_dir and key:
-        try:
-            save(cache_dir, key, items, dropped)
-        except OSError as e:  # a full or read-only disk costs the next run a tokenization, not this run
-            log.warning("could not write the tokenized-data cache in %s (%s)", cache_dir, e)
-    return items, dropped, False
+def cached(cache_dir: str, key: str, stream: Callable[[], Iterable[Tokenized | None]]
+           ) -> tuple[CachedExamples, int, bool]:
+    """(examples, dropped, hit): the cache entry `key`, written from `stream()` first when there is none."""
+    got = load(cache_dir, key)
+    if got is not None:
+        return got[0], got[1], True
+    shutil.rmtree(os.path.join(cache_dir, key), ignore_errors=True)  # an unreadable entry of ours, if any
+    build(cache_dir, key, stream())
+    got = load(cache_dir, key)
+    if got is None:
+        raise OSError(f"the tokenized-data cache entry just written in {cache_dir} cannot be read back")
+    return got[0], got[1], False

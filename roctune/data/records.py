@@ -3,7 +3,8 @@
 `iter_examples` streams every valid record of the --data values given (in that order); `load_records` reads
 them all for training and raises one DataError listing the first few schema errors, each with the record's
 location and field; `ErrorLimit` is that collection, for any reader that takes `on_error`. --data values with
-weights (`a.jsonl:0.7 b.jsonl:0.3`) are mixed by `mix` in a seeded order.
+weights (`a.jsonl:0.7 b.jsonl:0.3`) are mixed by `mix` in a seeded order. `StreamedRecords` (--streaming)
+checks and counts the records once and reads them from disk again whenever it is iterated, never holding them all.
 """
 from __future__ import annotations
 
@@ -162,3 +163,28 @@ def mix(groups: list[list], weights: list[float], seed: int = 0) -> list:
         out += [group[i] for i in order[:want]]
     rng.shuffle(out)
     return out
+
+
+class StreamedRecords:
+    """The records of --data values, read from disk each time they are iterated (--streaming): never all in
+    memory. Creating it reads them once to check them (errors raised as `load_records` raises them) and count them."""
+
+    def __init__(self, specs: str | Iterable[str], max_errors: int = 5):
+        self.specs = [specs] if isinstance(specs, str) else list(specs)
+        weighted = next((s for s in self.specs if split_weight(s)[1] is not None), None)
+        if weighted:
+            raise DataError(f"--data {weighted}: mixing weights need the records in memory; drop the weight "
+                            "or --streaming")
+        errors = ErrorLimit(max_errors)
+        count = 0
+        with errors.collecting():
+            for _ in iter_examples(self.specs, errors):
+                count += 1
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Record]:
+        for ex in iter_examples(self.specs):
+            yield Record(ex.where, ex.messages, tools=ex.tools)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from roctune.data.formats import parse_tool_calls
 from roctune.errors import DataError
@@ -248,15 +248,25 @@ class Tokenized:
         return sum(1 for x in self.labels if x != -100)
 
 
-def tokenize_records(tokenizer, records: list[Record], max_length: int,
+def iter_tokenized(tokenizer, records: Iterable[Record], max_length: int,
+                   options: RenderOptions | None = None) -> Iterator[Tokenized | None]:
+    """Each record tokenized, in order; None for one whose answer truncation cut off entirely (it is dropped)."""
+    for r in records:
+        ids, labels = tokenize_conversation(tokenizer, r.messages, max_length, r.source, r.tools, options)
+        if all(x == -100 for x in labels[1:]):  # the first label is never predicted
+            yield None
+        else:
+            yield Tokenized(ids, labels, r.source)
+
+
+def tokenize_records(tokenizer, records: Iterable[Record], max_length: int,
                      options: RenderOptions | None = None) -> tuple[list[Tokenized], int]:
     """Tokenize every record. Returns (examples, number dropped because truncation left no answer)."""
     out: list[Tokenized] = []
     dropped = 0
-    for r in records:
-        ids, labels = tokenize_conversation(tokenizer, r.messages, max_length, r.source, r.tools, options)
-        if all(x == -100 for x in labels[1:]):  # the first label is never predicted
+    for item in iter_tokenized(tokenizer, records, max_length, options):
+        if item is None:
             dropped += 1
-            continue
-        out.append(Tokenized(ids, labels, r.source))
+        else:
+            out.append(item)
     return out, dropped
