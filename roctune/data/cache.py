@@ -15,7 +15,9 @@ into place, so a crash leaves no half entry, and processes writing the same entr
 
 An entry is read back memory-mapped (`CachedExamples`): the token arrays and locations stay on disk, in the page
 cache the system can reclaim, and an example is built when the training loop asks for it. Memory bound while
-building: one chunk (`CHUNK` examples) of token lists; while reading: nothing per example beyond the mappings.
+building: one chunk of token lists (at most `CHUNK` examples and `CHUNK_TOKENS` tokens past the last example
+added: ~44 bytes a token as Python lists, so ~12 MB, plus that one example); while reading: nothing per example
+beyond the mappings (file-backed pages the system can drop).
 """
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def cache_key(specs: list[str], n_records: int, tokenizer, settings: dict) -> st
 
 
 CHUNK = 4096  # examples held in memory at once while an entry is written
+CHUNK_TOKENS = 1 << 18  # ... and tokens
 _FILES = {"input_ids": ("input_ids.i32", "<i4"), "learned": ("learned.u8", "u1"), "offsets": ("offsets.i64", "<i8"),
           "source_offsets": ("source_offsets.i64", "<i8")}
 
@@ -117,15 +120,16 @@ def build(cache_dir: str, key: str, stream: Iterable[Tokenized | None]) -> str:
                 stack.enter_context(f)
             np.zeros(1, dtype="<i8").tofile(files["offsets"])
             np.zeros(1, dtype="<i8").tofile(files["source_offsets"])
-            pos, chunk, count, dropped = [0, 0], [], 0, 0
+            pos, chunk, count, dropped, tokens = [0, 0], [], 0, 0, 0
             for item in stream:
                 if item is None:
                     dropped += 1
                     continue
                 chunk.append(item)
-                if len(chunk) >= CHUNK:
+                tokens += len(item.input_ids)
+                if len(chunk) >= CHUNK or tokens >= CHUNK_TOKENS:
                     _write_chunk(files, chunk, pos)
-                    count, chunk = count + len(chunk), []
+                    count, chunk, tokens = count + len(chunk), [], 0
             if chunk:
                 _write_chunk(files, chunk, pos)
                 count += len(chunk)
