@@ -191,3 +191,10 @@ def test_web_ui_data_panel_shows_the_same_preview(tmp_path):
     learned = [part.split("</span>")[0] for part in html.split(f"<span style='{LEARNED_STYLE}'>")[1:]]
     assert not any("SECRET_RESULT" in t for t in learned)
     assert "SECRET_RESULT" in html and CONTEXT_STYLE in html
+
+
+def test_check_accepts_tool_calls_without_text(tmp_path):
+    from roctune.data.check import check_data
+
+    report = check_data([sources(tmp_path)["openai"]], [], None, None)
+    assert report["schema_errors"]["count"] == 0 and report["warnings"]["empty_fields"]["count"] == 0
