@@ -118,6 +118,9 @@ class TrainConfig:
                          group="hardware")
     attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
                         group="hardware")
+    selftest: bool = setting(False, "before loading the model, train a tiny model on this path (device, dtype, "
+                             "attention, 4-bit) and compare with float64 on the CPU; stop on wrong numbers",
+                             group="hardware")
     # ---- several processes
     nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
                          "(gloo)", ge=1, metavar="N", group="processes")
