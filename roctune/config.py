@@ -44,13 +44,23 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
 @dataclass
 class TrainConfig:
     # ---- what to train on, and where the run goes
-    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json)",
+    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json; "
+                              "PATH:W mixes the files by weights W in a seeded order)",
                               repeat=True, metavar="PATH", group="data")
     output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data")
     eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data")
     eval_ratio: float = setting(0.0, "hold out this fraction of the training data for evaluation", ge=0, lt=1,
                                 group="data")
     max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data")
+    learn_reasoning: bool = setting(True, "learn the reasoning of answers (<think> blocks, reasoning_content); "
+                                    "off: it stays in the context but is not learned", group="data")
+    empty_think: str = setting("learn", "an empty <think></think> block in an answer: learn it (answer without "
+                               "thinking), mask it (context only) or drop it", choices=("learn", "mask", "drop"),
+                               group="data")
+    data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
+                               "--resume does not tokenize again", group="data")
+    streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
+                              "and train from it memory-mapped: for datasets larger than memory (sft)", group="data")
     # ---- model and method
     model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
                                 metavar="NAME", group="model")
@@ -145,6 +155,9 @@ class TrainConfig:
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ConfigError("set --epochs > 0 or --max-steps > 0")
+        if self.streaming and (not self.data_cache or self.stage != "sft"):
+            raise ConfigError("--streaming tokenizes into the data cache for sft; drop --no-data-cache "
+                              "(or --streaming for dpo)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
         if self.method == "qlora" and self.fsdp:

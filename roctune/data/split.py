@@ -15,7 +15,7 @@ from roctune.errors import ConfigError, DataError
 from roctune.rundir import check_output_file
 
 
-def split_eval(items: list, eval_ratio: float, seed: int) -> tuple[list, list]:
+def split_eval(items, eval_ratio: float, seed: int) -> tuple:
     """A seeded random split; eval gets round(n * ratio) items, at least one when ratio > 0."""
     if eval_ratio <= 0:
         return list(items), []
@@ -24,6 +24,8 @@ def split_eval(items: list, eval_ratio: float, seed: int) -> tuple[list, list]:
     idx = list(range(len(items)))
     random.Random(seed).shuffle(idx)
     n_eval = min(len(items) - 1, max(1, round(len(items) * eval_ratio)))
+    if hasattr(items, "select"):  # memory-mapped examples (roctune.data.cache): views, nothing is read
+        return items.select(sorted(idx[n_eval:])), items.select(sorted(idx[:n_eval]))
     eval_idx = set(idx[:n_eval])
     return ([x for i, x in enumerate(items) if i not in eval_idx],
             [x for i, x in enumerate(items) if i in eval_idx])
