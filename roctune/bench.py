@@ -264,12 +264,20 @@ def summarize(name: str, r: dict, peak_flops: float, flops_per_token: float) -> 
 
 
 def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log=print) -> dict:
+    tmpdir = tempfile.mkdtemp(prefix="roctune-bench-data-")
+    try:
+        return _bench(w, attns, baseline, json_out, log, tmpdir)
+    finally:  # the generated data set goes, also when a run fails
+        import shutil
+
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log, tmpdir: str) -> dict:
     from roctune.hardware import choose_device, choose_dtype
     from roctune.models import resolve_model
 
-    own_data = w.data is None
-    tmpdir = tempfile.mkdtemp(prefix="roctune-bench-data-")
-    if own_data:
+    if w.data is None:
         w.data = os.path.join(tmpdir, "bench.jsonl")
         make_dataset(w.data, w.max_steps * w.batch_size * w.grad_accum, seed=0)
     model_dir = resolve_model(w.model)
@@ -300,10 +308,6 @@ def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | No
         from roctune.rundir import atomic_write_text
 
         atomic_write_text(json_out, json.dumps(result, indent=2))
-    if own_data:
-        import shutil
-
-        shutil.rmtree(tmpdir, ignore_errors=True)
     return result
 
 

@@ -20,6 +20,7 @@ COMMANDS = [
     "generate",
     "eval",
     "merge",
+    "export",
     "estimate",
     "bench",
     "serve",
@@ -27,8 +28,16 @@ COMMANDS = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing or mistyped flag) as one line like roctune's, exit 2; the usage is one
+    --help away. Subcommand parsers are made with the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="roctune",
         description="LoRA fine-tuning of open LLMs on AMD (ROCm), NVIDIA (CUDA) and the CPU.",
     )

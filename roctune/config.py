@@ -45,13 +45,23 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
 @dataclass
 class TrainConfig:
     # ---- what to train on, and where the run goes
-    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json)",
+    data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json; "
+                              "PATH:W mixes the files by weights W in a seeded order)",
                               repeat=True, metavar="PATH", group="data")
     output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data")
     eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data")
     eval_ratio: float = setting(0.0, "hold out this fraction of the training data for evaluation", ge=0, lt=1,
                                 group="data")
     max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data")
+    learn_reasoning: bool = setting(True, "learn the reasoning of answers (<think> blocks, reasoning_content); "
+                                    "off: it stays in the context but is not learned", group="data")
+    empty_think: str = setting("learn", "an empty <think></think> block in an answer: learn it (answer without "
+                               "thinking), mask it (context only) or drop it", choices=("learn", "mask", "drop"),
+                               group="data")
+    data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
+                               "--resume does not tokenize again", group="data")
+    streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
+                              "and train from it memory-mapped: for datasets larger than memory (sft)", group="data")
     # ---- model and method
     model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
                                 metavar="NAME", group="model")
@@ -115,6 +125,9 @@ class TrainConfig:
                          group="hardware")
     attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
                         group="hardware")
+    selftest: bool = setting(False, "before loading the model, train a tiny model on this path (device, dtype, "
+                             "attention, 4-bit) and compare with float64 on the CPU; stop on wrong numbers",
+                             group="hardware")
     # ---- several processes
     nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
                          "(gloo)", ge=1, metavar="N", group="processes")
@@ -149,6 +162,9 @@ class TrainConfig:
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ConfigError("set --epochs > 0 or --max-steps > 0")
+        if self.streaming and (not self.data_cache or self.stage != "sft"):
+            raise ConfigError("--streaming tokenizes into the data cache for sft; drop --no-data-cache "
+                              "(or --streaming for dpo)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
         if self.method == "qlora" and self.fsdp:
@@ -194,15 +210,30 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
     for one in value if isinstance(value, list) and meta.get("choices") else [value]:
         if meta.get("choices") and one not in meta["choices"]:
             raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")})
+
+
+def check_number(name: str, value: Any, ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None) -> None:
+    """A number from a flag: finite and within the bounds, or a ConfigError naming `name` (e.g. --top-p).
+    Commands whose flags are not training settings check theirs with this, so every number is refused the
+    same way (None and non-numbers pass: argparse has typed them)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not math.isfinite(value):
-        raise ConfigError(f"{flag(f.name)} must be a finite number (got {value})")
-    for key, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                          ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
-        bound = meta.get(key)
+        raise ConfigError(f"{name} must be a finite number (got {value})")
+    for bound, ok, word in ((ge, lambda v, b: v >= b, ">="), (gt, lambda v, b: v > b, ">"),
+                            (le, lambda v, b: v <= b, "<="), (lt, lambda v, b: v < b, "<")):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{flag(f.name)} must be {word} {bound:g} (got {value:g})")
+            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})")
+
+
+def check_settings(args: Any, names: tuple[str, ...]) -> None:
+    """Check the attributes `names` of `args` (a command's parsed flags named as training settings, e.g. bench's
+    --lr) by the settings' own declared rules, so the same number is refused the same way in every command."""
+    by_name = {f.name: f for f in fields()}
+    for name in names:
+        check_value(by_name[name], getattr(args, name))
 
 
 def fields() -> list[dataclasses.Field]:

@@ -38,6 +38,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
             if not os.path.isfile(os.path.join(adapter, name)):
                 raise RoctuneError(f"--adapter {adapter}: no {name}; is training finished?")
         rundir.adapter_settings(adapter)  # a damaged adapter_config.json fails here with one line
+        rundir.check_safetensors(os.path.join(adapter, rundir.ADAPTER_WEIGHTS), f"--adapter {adapter}")
         if base_name is None:
             # trust_remote_code is never taken from run.yaml: only the caller's own flag counts
             base_name = rundir.read_run(adapter).get("base_model")

@@ -19,8 +19,10 @@ CHECK_PROMPTS = [
 ]
 
 
-def check_output(adapter: str, output: str, overwrite: bool) -> None:
-    """The merged model never replaces what roctune did not write, nor the run it comes from."""
+def check_output(adapter: str, output: str, overwrite: bool, marker: str = MARKER,
+                 writer: str = "roctune merge") -> None:
+    """The output never replaces what `writer` did not write (no `marker` file), nor the run it comes from.
+    `roctune export` checks its folder with its own marker."""
     out, src = os.path.realpath(output), os.path.realpath(adapter)
     if out == src or src.startswith(out + os.sep) or out.startswith(src + os.sep):
         raise ConfigError(f"--output {output}: must be outside --adapter {adapter} (and not contain it); choose "
@@ -32,11 +34,11 @@ def check_output(adapter: str, output: str, overwrite: bool) -> None:
         raise ConfigError(f"--output {output}: exists and is not a directory; choose another --output")
     if os.path.isdir(out) and os.listdir(out):
         if not overwrite:
-            raise ConfigError(f"--output {output} is not empty; use --overwrite (for a previous merge) or another "
-                              "directory")
-        if not os.path.isfile(os.path.join(out, MARKER)):
-            raise ConfigError(f"--output {output} holds files that roctune merge did not write; --overwrite only "
-                              "replaces a previous merge: choose an empty or new directory")
+            raise ConfigError(f"--output {output} is not empty; use --overwrite (for a previous {writer}) or "
+                              "another directory")
+        if not os.path.isfile(os.path.join(out, marker)):
+            raise ConfigError(f"--output {output} holds files that {writer} did not write; --overwrite only "
+                              f"replaces a previous {writer}: choose an empty or new directory")
 
 
 def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = False, log=print) -> dict:

@@ -119,7 +119,7 @@ def check(cfg, base_model: str) -> None:
         if cfg.method not in ADAPTER_METHODS:
             raise ConfigError(f"--adapter starts from a LoRA adapter, which --method {cfg.method} cannot train; "
                               "merge it first (roctune merge) and pass the merged model as --model")
-        if not os.path.isfile(os.path.join(cfg.adapter, "adapter_config.json")):
+        if not rundir.has_adapter(cfg.adapter):
             raise ConfigError(f"--adapter {cfg.adapter}: no adapter_config.json there; give the run directory "
                               "of a finished LoRA training")
     if cfg.method == "qlora":

@@ -88,24 +88,26 @@ def resolve_model(name: str | None) -> str:
     if name.count("/") != 1:
         raise ModelError(f"unknown model {name!r}: give a local model directory, a hub id like "
                          "Qwen/Qwen2.5-0.5B-Instruct, or leave --model out for the bundled default")
-    try:
-        from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
-        try:
-            return snapshot_download(name, local_files_only=True)
-        except Exception:
-            pass
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise ModelError(f"model {name!r} is not in the local cache and the hub is offline (HF_HUB_OFFLINE=1); "
-                             "download it on a connected machine or use a local directory")
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(f"model {name!r} is not in the local cache and the hub is offline (HF_HUB_OFFLINE=1); "
+                         "download it on a connected machine or use a local directory")
+    try:
         return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja",
                                                        "*.tiktoken", "tokenizer*"])
-    except ModelError:
-        raise
-    except Exception as e:
-        kind = type(e).__name__
-        if "NotFound" in kind or "RepositoryNotFound" in kind or "404" in str(e):
-            raise ModelError(f"model {name!r} does not exist on the hub; check the id") from None
+    except GatedRepoError:
+        raise ModelError(f"model {name!r} is gated on the hub: accept its licence there and log in "
+                         "(`hf auth login`), or pass a local directory") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise ModelError(f"model {name!r} does not exist on the hub; check the id") from None
+    except Exception:  # noqa: BLE001 - any network failure: one line with the fix
         raise ModelError(f"model {name!r} is not on disk and the hub cannot be reached (offline?): "
                          "download it where there is network, or pass a local directory") from None
 

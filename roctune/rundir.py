@@ -57,11 +57,26 @@ def atomic_write_text(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, new_file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def new_file_mode(path: str) -> int:
+    """The mode a file written in place of `path` should get: the existing file's own (replacing a file never
+    changes who may read it), else what open() would give a new file under the umask. mkstemp's 0600 is right
+    for the temporary file, not for what the user finds afterwards."""
+    import stat
+
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
@@ -70,6 +85,9 @@ def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
     either the old or the new folder, and the temporary folder is removed on any error."""
     parent = os.path.dirname(os.path.abspath(target))
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes a private 0700 folder; the result gets the usual mode
     old = None
     try:
         fill(tmp)
@@ -149,6 +167,24 @@ def check_writable_parent(path: str, what: str) -> None:
                           f"another {what}")
 
 
+def check_output_file(path: str, what: str, overwrite: bool = False, inputs: tuple[str, ...] = ()) -> None:
+    """A file a command is about to write (`what` is its flag, e.g. --output): not a folder, not one of the
+    `inputs`, in a writable folder, and an existing file only with --overwrite. Checked before anything is read
+    or loaded, so a bad path costs nothing."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path}: is a folder; give the path of a file (inside it, or elsewhere)")
+    check_writable_parent(path, what)
+    for inp in inputs:
+        if inp and os.path.exists(path) and os.path.exists(inp) and os.path.samefile(inp, path):
+            raise ConfigError(f"{what} {path}: is also the input; write to a new file")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ConfigError(f"{what} {path}: exists and is not a regular file; choose another path")
+    if os.path.exists(path) and not overwrite:
+        raise ConfigError(f"{what} {path}: already exists; pass --overwrite to replace it, or choose a new path")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(f"{what} {path}: exists and is read-only; choose another path")
+
+
 def clear_run(path: str) -> None:
     """Empty a previous run directory for --overwrite (check_new_output has checked that roctune wrote it)."""
     if not is_run_dir(path):
@@ -178,7 +214,7 @@ def read_run(run_dir: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
         raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise RoctuneError(f"{path}: expected a mapping with base_model and config; restore it or train again")
@@ -203,12 +239,25 @@ def method(run_dir: str) -> str:
     return "full" if os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)) else "lora"
 
 
+def check_safetensors(path: str, what: str) -> None:
+    """A safetensors file whose header is readable and whose tensors the file covers: a truncated or damaged
+    file is one error naming it, before a model is loaded to put it on (safe_open reads only the header)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            f.keys()
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: either way the file cannot be used
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise RoctuneError(f"{what}: {path} is damaged or truncated ({reason}); copy it again or train again") from None
+
+
 def adapter_settings(run_dir: str) -> dict:
     path = os.path.join(run_dir, ADAPTER_CONFIG)
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise RoctuneError(f"{path}: cannot be read ({type(e).__name__}); is training finished?") from None
     if not isinstance(doc, dict):
         raise RoctuneError(f"{path}: expected a JSON object")
@@ -234,7 +283,7 @@ def read_metrics(run_dir: str) -> list[dict]:
                 if line.endswith("\n") and line.strip():
                     try:
                         rows.append(json.loads(line))
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         continue
     except FileNotFoundError:
         return []
@@ -325,10 +374,14 @@ def load_checkpoint(run_dir: str, read_weights: Callable[[str], Any]) -> dict | 
     problems = []
     for step in reversed(steps):
         folder = checkpoint_dir(run_dir, step)
+        part = ADAPTER_WEIGHTS  # named in the message: which file of the checkpoint is damaged
         try:
-            return {"step": step, "weights": read_weights(folder), "state": read_state(folder), "folder": folder}
+            weights = read_weights(folder)
+            legacy = not os.path.isfile(os.path.join(folder, STATE_JSON))
+            part = "optimizer.pt (tensors only: a pickle is refused)" if legacy else f"{STATE_TENSORS} + {STATE_JSON}"
+            return {"step": step, "weights": weights, "state": read_state(folder), "folder": folder}
         except Exception as e:  # noqa: BLE001 - any damage (truncated file, bad JSON) means: try the previous one
-            problems.append(f"{folder}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            problems.append(f"{folder}/{part}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
             log.warning("checkpoint %s cannot be read (%s); trying the previous one", folder, type(e).__name__)
     if problems:
         raise RoctuneError(f"--resume: no intact checkpoint in {run_dir} ({'; '.join(problems)}); start a new run")

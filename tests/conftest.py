@@ -62,6 +62,20 @@ def alpaca_file(tmp_path) -> str:
 IDENTITY = os.path.join(REPO, "examples", "identity.jsonl")
 
 
+@pytest.fixture(scope="session")
+def identity_run(tmp_path_factory, default_model_dir):
+    """The bundled model taught its new name (examples/identity.jsonl, 14 steps at a high LR); (run dir, summary).
+    Shared by the integration and export tests, so the run is trained once."""
+    from roctune.config import TrainConfig
+    from roctune.recipes import train
+
+    out = str(tmp_path_factory.mktemp("identity") / "run")
+    cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,
+                      lora_r=16, lora_alpha=32, max_length=128, device="cpu", seed=1)
+    summary = train(cfg, log=lambda s: None, progress=False)
+    return out, summary
+
+
 def run_train(cfg):
     """Train quietly; returns (summary, logged lines)."""
     from roctune.recipes import train

@@ -49,7 +49,7 @@ def cpu_only(root: Path) -> Path:
 
 def amd(root: Path, gpus: list[dict], *, users: dict | None = None, kfd: bool = True, kfd_sysfs: bool = True,
         dev_mode: int = 0o660, rocm: str | None = "6.4.1-120", container: bool = False,
-        xgmi: bool = False) -> Path:
+        xgmi: bool = False, cmdline: str | None = None) -> Path:
     """An AMD machine: `gpus` items are {"gfx": 110000 (gfx_target_version), "device": 0x744c, "vram": bytes,
     "used": bytes}. A CPU node 0 comes first in the KFD topology, as on real machines."""
     base(root, users)
@@ -84,6 +84,25 @@ def amd(root: Path, gpus: list[dict], *, users: dict | None = None, kfd: bool = 
         _write(root, "/opt/rocm/.info/version", rocm + "\n")
     if container:
         _write(root, "/.dockerenv", "")
+    if cmdline is not None:
+        _write(root, "/proc/cmdline", cmdline + "\n")
+    return root
+
+
+def wsl(root: Path, *, rocm_runtime: bool = True, rocm: str | None = "6.4.1", cuda: bool = False,
+        dxg: bool = True) -> Path:
+    """WSL2: no GPU in sysfs; /dev/dxg, a WSL kernel, and ROCm's WSL runtime or the Windows driver's libcuda."""
+    base(root)
+    _write(root, "/proc/version", "Linux version 5.15.167.4-microsoft-standard-WSL2 (root@f9c826d3017f) "
+                                  "(gcc (GCC) 11.2.0) #1 SMP Tue Nov 5 00:21:55 UTC 2024\n")
+    if dxg:
+        _write(root, "/dev/dxg", "", 0o666)
+    if rocm_runtime:
+        _write(root, "/var/lib/dpkg/status", "Package: hsa-runtime-rocr4wsl-amdgpu\nStatus: install ok installed\n")
+    if rocm:
+        _write(root, "/opt/rocm/.info/version", rocm + "\n")
+    if cuda:
+        _write(root, "/usr/lib/wsl/lib/libcuda.so", "")
     return root
 
 
@@ -107,6 +126,8 @@ RX6700XT = {"gfx": 100301, "device": 0x73DF, "vram": 12 * GiB, "used": GiB // 2}
 RX580 = {"gfx": 80003, "device": 0x67DF, "vram": 8 * GiB, "used": GiB // 4}
 MI300X = {"gfx": 90402, "device": 0x74A1, "vram": 192 * GiB, "used": GiB}
 MI50 = {"gfx": 90006, "device": 0x66A1, "vram": 32 * GiB, "used": GiB // 4}
+RX5700XT = {"gfx": 100100, "device": 0x731F, "vram": 8 * GiB, "used": GiB // 4}
+RX9070XT = {"gfx": 120001, "device": 0x7550, "vram": 16 * GiB, "used": GiB // 4}
 
 
 def cpu_torch(**extra) -> dict:

@@ -44,7 +44,7 @@ def test_split_is_reproducible_and_seed_dependent(tmp_path):
     def run(seed, tag):
         a, b = tmp_path / f"t{tag}.jsonl", tmp_path / f"e{tag}.jsonl"
         assert main(["data", "split", src, "--eval-ratio", "0.2", "--seed", str(seed), "--out-train", str(a),
-                     "--out-eval", str(b)]) == 0
+                     "--out-eval", str(b), "--overwrite"]) == 0
         return b.read_text()
 
     assert run(1, "x") == run(1, "y")

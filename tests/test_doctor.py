@@ -188,6 +188,66 @@ def test_two_gpus_without_peer_links(tmp_path):
     assert r.get("multi_gpu").level == "warn" and "iommu=pt" in r.get("multi_gpu").fix
 
 
+def test_two_7900xtx_without_iommu_pt(tmp_path):
+    dm.amd(tmp_path, [dm.RX7900XTX, dm.RX7900XTX], cmdline="BOOT_IMAGE=/vmlinuz-6.8.0 root=/dev/nvme0n1p2 quiet")
+    r = diagnose(tmp_path, dm.rocm_torch([XTX, XTX]))
+    iommu = r.get("multi_gpu.iommu")
+    assert iommu.level == "warn" and "no iommu=pt" in iommu.message and "RCCL" in iommu.why
+    assert "GRUB_CMDLINE_LINUX_DEFAULT" in iommu.fix and "NCCL_P2P_DISABLE=1" in iommu.fix
+    dm.amd(tmp_path / "pt", [dm.RX7900XTX, dm.RX7900XTX], cmdline="quiet iommu=pt", xgmi=True)
+    r = diagnose(tmp_path / "pt", dm.rocm_torch([XTX, XTX]), env={"NCCL_P2P_DISABLE": "1"})
+    assert r.get("multi_gpu.iommu").level == "ok"
+    assert r.get("multi_gpu.p2p").level == "warn" and "unset NCCL_P2P_DISABLE" in r.get("multi_gpu.p2p").fix
+    # Instinct cards are not consumer Radeons: no IOMMU advice
+    dm.amd(tmp_path / "mi", [dm.MI300X, dm.MI300X], cmdline="quiet", xgmi=True)
+    assert diagnose(tmp_path / "mi", dm.rocm_torch([("MI300X", "gfx942", dm.GiB)] * 2)).get("multi_gpu.iommu") is None
+
+
+def test_mixed_architectures_warn_about_rccl(tmp_path):
+    dm.amd(tmp_path, [dm.RX7900XTX, dm.RX6700XT], cmdline="iommu=pt")
+    r = diagnose(tmp_path, dm.rocm_torch([XTX, ("RX 6700 XT", "gfx1031", 12 * dm.GiB)]))
+    mixed = r.get("multi_gpu.mixed")
+    assert mixed.level == "warn" and "gfx1031, gfx1100" in mixed.message and "RCCL" in mixed.why
+
+
+def test_override_known_to_fail(tmp_path):
+    dm.amd(tmp_path, [dm.RX5700XT])
+    r = diagnose(tmp_path, dm.rocm_torch([("RX 5700 XT", "gfx1010", 8 * dm.GiB)]),
+                 env={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    bad = r.get("gpu0.arch.override")
+    assert bad.level == "fail" and "known to fail on the gfx1010" in bad.message
+    assert bad.fix.startswith("unset HSA_OVERRIDE_GFX_VERSION") and r.verdict == "fail"
+    # without a ROCm torch nothing runs on the GPU yet: a warning
+    r = diagnose(tmp_path, dm.cpu_torch(), env={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    assert r.get("gpu0.arch.override").level == "warn"
+
+
+def test_wsl2_rocm(tmp_path):
+    dm.wsl(tmp_path)
+    facts = dm.rocm_torch([XTX])
+    r = diagnose(tmp_path, facts)
+    assert r.get("wsl").level == "ok" and "ROCm's WSL runtime" in r.get("wsl").message
+    assert r.get("cpu") is None  # sysfs shows no GPU under WSL, but torch sees one
+    r = diagnose(tmp_path, dm.cpu_torch())
+    assert r.get("wsl").level == "warn" and "libhsa-runtime64" in r.get("wsl").fix
+    dm.wsl(tmp_path / "bare", rocm_runtime=False)
+    r = diagnose(tmp_path / "bare", dm.rocm_torch([XTX]))
+    assert r.get("wsl").level == "fail" and "amdgpu-install -y --usecase=wsl,rocm" in r.get("wsl").fix
+    dm.wsl(tmp_path / "nv", rocm_runtime=False, rocm=None, cuda=True)
+    assert diagnose(tmp_path / "nv", dm.cuda_torch()).get("wsl").level == "ok"
+    assert diagnose(dm.cpu_only(tmp_path / "native"), dm.cpu_torch()).get("wsl") is None
+
+
+def test_cli_install_plan(tmp_path, capsys):
+    dm.amd(tmp_path, [dm.RX6700XT], rocm="6.3.2")
+    code, out = cli(["--install-plan", "--root", str(tmp_path), "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["torch_index_url"].endswith("/rocm6.3")
+    assert data["env"]["HSA_OVERRIDE_GFX_VERSION"] == "10.3.0" and data["reasons"]["torch"]
+    code, out = cli(["--install-plan"], capsys)  # this machine: no GPU
+    assert code == 0 and "install plan: cpu" in out
+
+
 def test_visible_devices_hiding_everything(tmp_path):
     r = diagnose(dm.amd(tmp_path, [dm.RX7900XTX]), dm.rocm_torch([]), env={"HIP_VISIBLE_DEVICES": "-1"})
     assert r.get("visible").level == "fail" and r.get("visible").fix.startswith("unset HIP_VISIBLE_DEVICES")

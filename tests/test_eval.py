@@ -34,7 +34,7 @@ def test_metrics():
 
 
 @pytest.fixture(scope="module")
-def identity_run(tmp_path_factory):
+def identity_eval_run(tmp_path_factory):
     """A short identity fine-tune (as tests/test_integration.py), with the held-out questions as eval data."""
     from roctune.config import TrainConfig
     from roctune.recipes import train
@@ -49,10 +49,10 @@ def identity_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_eval_json_tuned_beats_base_and_report_lists_every_record(identity_run, capsys):
+def test_eval_json_tuned_beats_base_and_report_lists_every_record(identity_eval_run, capsys):
     from roctune.cli import main
 
-    root, out, held = identity_run
+    root, out, held = identity_eval_run
     report_dir = root / "report"
     assert main(["eval", "--adapter", out, "--data", held, "--json", "--output", str(report_dir),
                  "--max-new-tokens", "40", "--device", "cpu"]) == 0
@@ -78,11 +78,11 @@ def test_eval_json_tuned_beats_base_and_report_lists_every_record(identity_run, 
 
 
 @pytest.mark.slow
-def test_webui_eval_panel_shows_the_report(identity_run):
+def test_webui_eval_panel_shows_the_report(identity_eval_run):
     from roctune.webui.eval import eval_handler, show_handler
     from roctune.webui.workspace import Workspace
 
-    root, out, held = identity_run
+    root, out, held = identity_eval_run
     ws = Workspace(str(root))
     status, body = eval_handler(ws)("run", "held_out.jsonl", "", 8)
     assert "rt-ok" in status and body.count("<tr class='rt-example ") == len(HELD_OUT)
@@ -99,13 +99,13 @@ def test_webui_eval_panel_shows_the_report(identity_run):
     (["--data", "missing.jsonl"], "missing.jsonl", 2),
     (["--max-new-tokens", "0"], "--max-new-tokens must be > 0 (got 0)", 2),
 ])
-def test_errors_are_one_line_before_loading(identity_run, tmp_path, capsys, monkeypatch, extra, message, code):
+def test_errors_are_one_line_before_loading(identity_eval_run, tmp_path, capsys, monkeypatch, extra, message, code):
     from roctune.cli import main
     from roctune.eval import harness
 
     monkeypatch.setattr(harness, "installed", lambda: False)
     monkeypatch.setattr("roctune.generate.load_for_inference", lambda *a, **k: pytest.fail("a model loaded"))
-    _, out, held = identity_run
+    _, out, held = identity_eval_run
     args = ["eval", "--adapter", out, "--data", held, "--output", str(tmp_path / "rep"), *extra]
     assert main(args) == code
     err = capsys.readouterr().err.strip()

@@ -6,23 +6,9 @@ import os
 
 import pytest
 
-from conftest import IDENTITY
-
 pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "Who are you?"}]
-
-
-@pytest.fixture(scope="module")
-def identity_run(tmp_path_factory, default_model_dir):
-    from roctune.config import TrainConfig
-    from roctune.recipes import train
-
-    out = str(tmp_path_factory.mktemp("identity") / "run")
-    cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,
-                      lora_r=16, lora_alpha=32, max_length=128, device="cpu", seed=1)
-    summary = train(cfg, log=lambda s: None, progress=False)
-    return out, summary
 
 
 def greedy(model, tok, messages, n=16):

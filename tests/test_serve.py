@@ -1,7 +1,8 @@
 """`roctune serve`: the real server (uvicorn in a thread, loopback, free port) driven by the official `openai`
 client and raw HTTP. Two LoRA adapters are trained once per session on the bundled model to give different
 answers to the same question; the tests check that each answers as trained, alone and inside concurrent mixed
-batches, plus streaming, stop strings, seeds, admin load/unload, path confinement and every error status."""
+batches, plus streaming, stop strings, seeds, admin load/unload, path confinement and every error status; hostile
+fields answer 400 naming the field, and a request that fails inside the engine fails alone."""
 from __future__ import annotations
 
 import json
@@ -283,6 +284,142 @@ def test_error_statuses_have_openai_shape(server, client):
         client.completions.create(model="fruit", prompt="x", max_tokens=LIMIT + 1)
     # the server still answers after all that
     assert "apple" in ask(client, "fruit").lower()
+
+
+@pytest.mark.slow
+def test_hostile_fields_answer_400_naming_the_field(server, client):
+    msgs = [{"role": "user", "content": QUESTION}]
+    ok = {"model": "fruit", "messages": msgs, "max_tokens": 2}
+    bad = {"seed": [-1, 2 ** 64, 10 ** 30, 1.5, "7", True], "temperature": [-0.1, float("inf"), float("-inf")],
+           "top_p": [0, -1, 1.5, float("inf")], "max_tokens": [0, -5, 1.0, float("inf"), 10 ** 30 * -1],
+           "max_completion_tokens": [0, 2.5], "n": [2, 0, "1", True, float("inf")]}
+    for key, values in bad.items():
+        for value in values:
+            status, reply = http(server, "POST", "/v1/chat/completions", {**ok, key: value})
+            assert_openai_error((status, reply), 400)
+            assert reply["error"]["param"] == key and key in reply["error"]["message"], (key, value, reply)
+    # NaN and Infinity as JSON extensions (Python's json accepts them), and a number too large for a float
+    for key in ["temperature", "top_p", "seed", "max_tokens", "n"]:
+        for token in ["NaN", "Infinity", "-Infinity", "1e999"]:
+            raw = json.dumps(ok)[:-1] + f', "{key}": {token}}}'
+            status, reply = http(server, "POST", "/v1/chat/completions", raw=raw.encode())
+            assert_openai_error((status, reply), 400)
+            assert reply["error"]["param"] == key, (key, token, reply)
+    # a lone surrogate is not text: refused wherever text goes in
+    lone = "\ud800"
+    bodies = [({**ok, "messages": [{"role": "user", "content": f"hi {lone}"}]}, "/v1/chat/completions",
+               "messages[0].content"),
+              ({**ok, "messages": [{"role": "user", "content": [{"type": "text", "text": lone}]}]},
+               "/v1/chat/completions", "messages[0].content[0].text"),
+              ({**ok, "stop": ["a", lone]}, "/v1/chat/completions", "stop"),
+              ({"model": "fruit", "prompt": lone, "max_tokens": 2}, "/v1/completions", "prompt"),
+              ({"model": "fruit", "prompt": [lone], "raw": True, "max_tokens": 2}, "/v1/completions", "prompt")]
+    for body, path, param in bodies:
+        status, reply = http(server, "POST", path, raw=json.dumps(body).encode())  # json escapes it as \ud800
+        assert_openai_error((status, reply), 400)
+        assert reply["error"]["param"] == param, reply
+    assert_openai_error(http(server, "POST", "/admin/adapters", raw=json.dumps({"name": "x", "path": lone}).encode()),
+                        400)
+    # a role that is not even a string
+    assert_openai_error(http(server, "POST", "/v1/chat/completions",
+                             {**ok, "messages": [{"role": ["user"], "content": "hi"}]}), 400)
+    # the edges of the ranges are accepted
+    edge = {**ok, "seed": 2 ** 64 - 1, "temperature": 2, "top_p": 1e-9, "n": 1, "max_tokens": 1}
+    status, reply = http(server, "POST", "/v1/chat/completions", edge)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 1, reply
+    assert http(server, "POST", "/v1/chat/completions", {**ok, "seed": 0, "temperature": 0.5})[0] == 200
+    assert "apple" in ask(client, "fruit").lower()
+
+
+@pytest.mark.slow
+def test_a_row_failing_while_decoding_fails_alone(server, client, monkeypatch):
+    """A request that fails inside the engine mid-batch answers 500 alone; the row decoded with it goes on."""
+    import threading
+
+    from roctune.serve.decode import Row
+
+    engine, bad_seed = server[1], 4242
+    expected = ask(client, "fruit", seed=1)
+    bad_queued, good_running, batches = threading.Event(), threading.Event(), []
+    real_push, real_submit, real_next = Row.push, engine.submit, engine._next_tokens
+
+    def submit(req):
+        real_submit(req)
+        if req.sampling.seed == bad_seed:
+            bad_queued.set()
+
+    def push(row, token):
+        if row.req.sampling.seed == bad_seed:
+            raise RuntimeError("injected failure")
+        good_running.set()
+        bad_queued.wait(timeout=120)  # hold the good row until the bad request waits to join its batch
+        return real_push(row, token)
+
+    def next_tokens(st):
+        batches.append(sorted(r.req.sampling.seed for r in st.rows))
+        return real_next(st)
+
+    monkeypatch.setattr(engine, "submit", submit)
+    monkeypatch.setattr(engine, "_next_tokens", next_tokens)
+    monkeypatch.setattr(Row, "push", push)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        good = pool.submit(ask, client, "fruit", seed=1)
+        assert good_running.wait(timeout=120)
+        status, reply = http(server, "POST", "/v1/chat/completions",
+                             {"model": "peak", "messages": [{"role": "user", "content": QUESTION}],
+                              "max_tokens": 8, "temperature": 0, "seed": bad_seed})
+        assert good.result(timeout=300) == expected
+    assert_openai_error((status, reply), 500, "internal_error")
+    assert "injected failure" in reply["error"]["message"]
+    assert [1, bad_seed] in batches  # the two really shared a batch
+
+
+@pytest.mark.slow
+def test_a_failing_prefill_is_retried_row_by_row(server, client, monkeypatch):
+    """When a batch's prefill fails, each request is tried alone: only the one that fails alone gets an error."""
+    import threading
+
+    engine = server[1]
+    bad_prompt = "zebra zebra zebra"
+    marks = set(engine.encode_raw(bad_prompt)) - set(engine.encode_chat([{"role": "user", "content": QUESTION}]))
+    mark = next(iter(marks))
+    expected = ask(client, "fruit")
+    real_forward, real_submit = engine.stack.forward, engine.submit
+    queued, failed_widths = [], []
+    both_queued, holding = threading.Event(), threading.Event()
+
+    def hold_worker():
+        holding.set()
+        return both_queued.wait(timeout=120)
+
+    def forward(adapters, **inputs):
+        ids = inputs["input_ids"]
+        if ids.shape[1] > 1 and bool((ids == mark).any()):
+            failed_widths.append(ids.shape[0])
+            raise RuntimeError("injected prefill failure")
+        return real_forward(adapters, **inputs)
+
+    def submit(req):
+        real_submit(req)
+        queued.append(req)
+        if len(queued) == 2:
+            both_queued.set()
+
+    monkeypatch.setattr(engine.stack, "forward", forward)
+    monkeypatch.setattr(engine, "submit", submit)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        # hold the worker between batches until both requests wait, so that they are prefilled together
+        hold = pool.submit(engine._on_worker, hold_worker)
+        assert holding.wait(timeout=120)
+        good = pool.submit(ask, client, "fruit")
+        bad = pool.submit(http, server, "POST", "/v1/completions",
+                          {"model": "fruit", "prompt": bad_prompt, "raw": True, "max_tokens": 4})
+        assert hold.result(timeout=120) is True
+        assert good.result(timeout=300) == expected
+        status, reply = bad.result(timeout=300)
+    assert_openai_error((status, reply), 500, "internal_error")
+    assert "injected prefill failure" in reply["error"]["message"]
+    assert failed_widths == [2, 1]  # together first, then alone
 
 
 @pytest.mark.slow

@@ -84,6 +84,28 @@ def test_resume_continues_exactly(tiny_model_dir, alpaca_file, tmp_path):
     assert os.path.isfile(out / "adapter_model.safetensors")
 
 
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tiny_model_dir, alpaca_file, tmp_path, caplog):
+    straight = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "a", max_steps=4),
+                            log=lambda s: None, progress=False)["output"])
+    out = tmp_path / "b"
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=1), log=lambda s: None, progress=False)
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-3"]
+    # the newest checkpoint's weights were cut short (a killed copy, a full disk): resume takes checkpoint-2
+    weights = out / "checkpoint-3" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    lines = []
+    with caplog.at_level("WARNING"):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=1, resume=True),
+              log=lines.append, progress=False)
+    assert "resumed from step 2" in lines
+    assert any("checkpoint-3" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert losses(out) == pytest.approx(straight, rel=1e-5)
+    # checkpoints hold no pickles: tensors in safetensors, the rest in JSON
+    assert sorted(os.listdir(out / "checkpoint-2")) == sorted(
+        ["adapter_config.json", "adapter_model.safetensors", "README.md", "trainer_state.json",
+         "training_state.json", "training_state.safetensors"])
+
+
 def test_config_file_flags_and_overrides(tmp_path, alpaca_file):
     from roctune.cli import build_parser
     from roctune.commands.train import config_from_args

@@ -30,6 +30,45 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_args(args) -> list[str]:
+    """Every flag before anything runs: numbers by `roctune train`'s own rules, the kernels, --data, and a --json
+    file that is new or an earlier bench result (a rerun replaces it; any other file is never replaced).
+    Returns the attention kernels asked for."""
+    import dataclasses
+    import json
+    import os
+
+    from roctune.config import TrainConfig, check_number, check_settings, check_value
+    from roctune.errors import ConfigError
+    from roctune.rundir import check_output_file
+
+    check_settings(args, ("batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "lora_dropout", "lr",
+                          "seed"))
+    check_number("--max-steps", args.max_steps, gt=0)
+    attn_field = {f.name: f for f in dataclasses.fields(TrainConfig)}["attn"]
+    attns = [a.strip() for a in args.attn.split(",") if a.strip()]
+    if not attns:
+        raise ConfigError("--attn is empty; name a kernel: eager, sdpa or flash_attention_2")
+    for a in attns:
+        check_value(attn_field, a)
+    if args.data:
+        from roctune.data.readers import file_kind
+
+        file_kind(args.data)
+    if args.json_out:
+        earlier = False
+        try:
+            with open(args.json_out, encoding="utf-8") as f:
+                doc = json.load(f)
+            earlier = isinstance(doc, dict) and {"workload", "runs"} <= set(doc)
+        except (OSError, ValueError, RecursionError):
+            pass
+        if os.path.isfile(args.json_out) and not earlier:
+            raise ConfigError(f"--json {args.json_out}: exists and is not an earlier bench result; choose a new path")
+        check_output_file(args.json_out, "--json", overwrite=earlier, inputs=(args.data or "",))
+    return attns
+
+
 def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -37,7 +76,7 @@ def run(args) -> int:
     from roctune.bench import Workload, main_bench
     from roctune.hardware import flash_attn_available
 
-    attns = [a.strip() for a in args.attn.split(",") if a.strip()]
+    attns = check_args(args)
     skipped = [a for a in attns if a == "flash_attention_2" and not flash_attn_available()]
     attns = [a for a in attns if a not in skipped]
     console = Console()

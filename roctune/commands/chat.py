@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from roctune.commands.generate import add_inference_args
+from roctune.commands.generate import add_inference_args, check_inference_args
+from roctune.errors import DataError
 
 
 def register(sub) -> None:
@@ -18,16 +19,21 @@ def run(args) -> int:
 
     from roctune.generate import generate, load_for_inference
 
+    check_inference_args(args)
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
     interactive = sys.stdin.isatty()
     print("roctune chat: type a message; /reset clears the history, /quit exits.")
+    lineno = 0
     while True:
+        lineno += 1
         try:
             line = input("you> " if interactive else "")
         except EOFError:
             break
+        except UnicodeDecodeError:
+            raise DataError(f"stdin line {lineno}: not UTF-8 text; send messages as UTF-8") from None
         text = line.strip()
         if not text:
             continue

@@ -1,4 +1,5 @@
-"""`roctune data check|scrub|split`: inspect, redact and split datasets (every format `train` reads)."""
+"""`roctune data check|scrub|split|preview`: inspect, redact, split datasets (every format `train` reads) and
+show what training learns from one record."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ def register(subparsers) -> None:
     s.add_argument("--types", nargs="+", metavar="TYPE",
                    help="only these types (default all): email id_card bank_card phone landline ip")
     s.add_argument("--report", metavar="FILE", help="also write the counts as JSON to FILE")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing OUT (and --report FILE)")
 
     sp = sub.add_parser("split", help="de-duplicate, then split into train and eval files",
                         description="Drop duplicates (after normalising case, punctuation and spacing), then "
@@ -42,6 +44,22 @@ def register(subparsers) -> None:
     sp.add_argument("--seed", type=int, default=0, metavar="S")
     sp.add_argument("--out-train", required=True, metavar="A")
     sp.add_argument("--out-eval", required=True, metavar="B")
+    sp.add_argument("--overwrite", action="store_true", help="replace existing A and B files")
+
+    pv = sub.add_parser("preview", help="show one record as training renders it: learned text highlighted",
+                        description="Render one record with the model's chat template exactly as `roctune train` "
+                                    "does; learned text (answers, tool calls, reasoning) is highlighted, context "
+                                    "(system and user turns, tool lists and results, template headers) dimmed.")
+    pv.add_argument("source", metavar="SOURCE", help=DATA_HELP)
+    pv.add_argument("--index", type=int, default=0, metavar="N", help="which record (0-based; default 0)")
+    pv.add_argument("--model", help="whose tokenizer and chat template (default: the bundled model)")
+    pv.add_argument("--max-length", type=int, metavar="L", help="cut the record at L tokens, as training does")
+    pv.add_argument("--no-learn-reasoning", dest="learn_reasoning", action="store_false",
+                    help="show reasoning as context only (--no-learn-reasoning of `train`)")
+    pv.add_argument("--empty-think", choices=("learn", "mask", "drop"), default="learn",
+                    help="an empty <think></think> block: learn, mask or drop it (default learn)")
+    pv.add_argument("--json", action="store_true",
+                    help='print {"segments": [{"text", "train"}], "tokens": N, "learned_tokens": N}')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return _scrub(args)
     if cmd == "split":
         return _split(args)
+    if cmd == "preview":
+        return _preview(args)
     args._data_parser.print_help()
     return 2
 
@@ -63,11 +83,10 @@ def _console():
 
 
 def _check(args) -> int:
+    from roctune.config import check_number
     from roctune.data.check import check_data
-    from roctune.errors import ConfigError
 
-    if args.max_length is not None and args.max_length <= 0:
-        raise ConfigError("--max-length must be a positive number of tokens")
+    check_number("--max-length", args.max_length, gt=0)
     tokenizer = None
     if args.model or args.max_length:
         from roctune.models import load_tokenizer
@@ -126,12 +145,15 @@ def _scrub(args) -> int:
     from rich.table import Table
 
     from roctune.data.pii import PLACEHOLDERS
-    from roctune.data.scrub import scrub_file, write_report
+    from roctune.data.readers import file_kind
+    from roctune.data.scrub import check_outputs, scrub_file, write_report
 
     types = None
     if args.types:
         types = [t.strip() for item in args.types for t in item.split(",") if t.strip()]
-    report = scrub_file(args.input, args.output, types)
+    file_kind(args.input)  # a missing input is named before any output
+    check_outputs(args.input, args.output, args.report, args.overwrite)  # both, before anything is written
+    report = scrub_file(args.input, args.output, types, overwrite=args.overwrite)
     if args.report:
         write_report(report, args.report)
     table = Table(title=f"Redacted in {report['records']} records ({report['records_changed']} changed)",
@@ -148,9 +170,40 @@ def _scrub(args) -> int:
 
 
 def _split(args) -> int:
+    from roctune.config import check_number, check_settings
     from roctune.data.split import split_data
 
-    r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed)
+    check_number("--eval-ratio", args.eval_ratio, gt=0, lt=1)
+    check_settings(args, ("seed",))
+
+    r = split_data(args.paths, args.out_train, args.out_eval, args.eval_ratio, args.seed, overwrite=args.overwrite)
     _console().print(f"{r['records']} records, {r['duplicates_dropped']} duplicates dropped: "
                      f"{r['train']} -> {args.out_train}, {r['eval']} -> {args.out_eval} (seed {r['seed']})")
+    return 0
+
+
+def _preview(args) -> int:
+    from rich.text import Text
+
+    from roctune.data.preview import preview_record
+    from roctune.data.render import RenderOptions
+    from roctune.errors import ConfigError
+    from roctune.models import load_tokenizer
+
+    if args.max_length is not None and args.max_length <= 0:
+        raise ConfigError("--max-length must be a positive number of tokens")
+    options = RenderOptions(args.learn_reasoning, args.empty_think)
+    tokenizer = load_tokenizer(args.model)
+    where, result = preview_record(args.source, tokenizer, args.index, options, args.max_length)
+    if args.json:
+        json.dump(result, sys.stdout, ensure_ascii=False, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    con = _console()
+    con.print(f"[bold]{where}[/]: {result['tokens']} tokens, {result['learned_tokens']} learned "
+              "([bold green]learned[/], [dim]context[/])")
+    text = Text()
+    for seg in result["segments"]:
+        text.append(seg["text"], style="bold green" if seg["train"] else "dim")
+    con.print(text, soft_wrap=True)
     return 0

@@ -29,6 +29,12 @@ def register(subparsers) -> None:
                         "'{\"backend\": \"rocm\", \"cuda_available\": true, \"arch_list\": [\"gfx1100\"]}') "
                         "instead of the running torch; also read from $ROCTUNE_DOCTOR_TORCH_FACTS")
     p.add_argument("--no-tools", action="store_true", help="do not run rocminfo / nvidia-smi even when present")
+    p.add_argument("--install-plan", action="store_true",
+                   help="which torch wheel index, bitsandbytes build and attention kernel fit this machine (as "
+                        "`make setup` chooses them), with the reason for each; reads --root")
+    p.add_argument("--selftest", action="store_true",
+                   help="also train a tiny model for a few steps on the path training would use (device, dtype, "
+                        "each attention kernel, 4-bit, packing) and compare with a float64 CPU reference")
     p.set_defaults(func=run)
 
 
@@ -37,6 +43,12 @@ def run(args) -> int:
 
     if args.explain:
         return _explain(doctor, args)
+    if args.install_plan:
+        from roctune.hardware import install_plan
+
+        p = install_plan.plan(args.root)
+        print(json.dumps(p.to_dict(), indent=2) if args.json else install_plan.format_text(p))
+        return 0
     spec = args.torch_facts or os.environ.get(doctor.TORCH_FACTS_ENV)
     facts = hardware.load_torch_facts(spec) if spec else None
     if not os.path.isdir(args.root):
@@ -45,6 +57,10 @@ def run(args) -> int:
         raise ConfigError(f"--root {args.root}: not a directory")
     machine = hardware.gather(args.root, args.user, facts, use_tools=not args.no_tools)
     report = doctor.diagnose(machine)
+    if args.selftest:
+        from roctune.doctor.selftest import selftest
+
+        report.findings += selftest()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

@@ -41,6 +41,15 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_args(args) -> None:
+    """Every number, by the same rules as `roctune train`'s settings where the flag is one of them."""
+    from roctune.config import check_number, check_settings
+
+    check_settings(args, ("batch_size", "max_length", "lora_r", "lora_dropout"))
+    check_number("--supervised-fraction", args.supervised_fraction, gt=0, le=1)
+    check_number("--vram", args.vram, gt=0, le=1 << 20)  # GB; beyond a petabyte is a typo, and int() of inf fails
+
+
 def _gpu(args) -> tuple[str | None, int | None]:
     from roctune.hardware import detected_gpu, gpu_memory_bytes, gpu_name
     from roctune.memory import GiB
@@ -48,10 +57,6 @@ def _gpu(args) -> tuple[str | None, int | None]:
     if args.gpu:
         return gpu_name(args.gpu), gpu_memory_bytes(args.gpu)
     if args.vram is not None:
-        if args.vram <= 0:
-            from roctune.errors import ConfigError
-
-            raise ConfigError(f"--vram must be positive (got {args.vram})")
         return f"{args.vram:g} GB", int(args.vram * GiB)
     if args.device == "cuda" and not args.no_detect:
         found = detected_gpu()
@@ -68,6 +73,7 @@ def run(args) -> int:
 
     from roctune import hardware, memory
 
+    check_args(args)
     console = Console()
     if args.list_gpus:
         t = Table(title="built-in GPU table")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 from roctune.errors import DataError, RoctuneError
 
@@ -28,9 +26,20 @@ def register(sub) -> None:
     src.add_argument("--prompt", help="one user message")
     src.add_argument("--input", metavar="FILE.jsonl", help="prompts: any training format, or {\"prompt\": ...} per line")
     p.add_argument("--output", metavar="FILE.jsonl", help="write answers here (with --input)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--batch-size", type=int, default=8)
     add_inference_args(p)
     p.set_defaults(func=run)
+
+
+def check_inference_args(args) -> None:
+    """The sampling numbers, before a model loads: each refused with its flag named."""
+    from roctune.config import check_number
+
+    check_number("--max-new-tokens", args.max_new_tokens, gt=0)
+    check_number("--temperature", args.temperature, ge=0)  # 0 = greedy
+    check_number("--top-p", args.top_p, gt=0, le=1)
+    check_number("--batch-size", getattr(args, "batch_size", None), gt=0)
 
 
 def read_prompts(path: str) -> list[list[dict]]:
@@ -76,6 +85,11 @@ def run(args) -> int:
         raise RoctuneError("--compare needs --adapter (base vs fine-tuned)")
     if args.output and not args.input:
         raise RoctuneError("--output needs --input")
+    check_inference_args(args)
+    if args.output:
+        from roctune.rundir import check_output_file
+
+        check_output_file(args.output, "--output", args.overwrite, (args.input,))
     convs = read_prompts(args.input) if args.input else [[{"role": "user", "content": args.prompt}]]
     if args.system:
         convs = [[{"role": "system", "content": args.system}] + [m for m in c if m["role"] != "system"] for c in convs]
@@ -89,15 +103,11 @@ def run(args) -> int:
             base += generate(loaded, chunk, use_adapter=False, **kw)
     prompts = [c[-1]["content"] for c in convs]
     if args.output:
-        folder = os.path.dirname(os.path.abspath(args.output))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for i, p in enumerate(prompts):
-                row = {"prompt": p, "answer": tuned[i]}
-                if args.compare:
-                    row["base_answer"] = base[i]
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, args.output)
+        from roctune.rundir import atomic_write_text
+
+        rows = [{"prompt": p, "answer": tuned[i], **({"base_answer": base[i]} if args.compare else {})}
+                for i, p in enumerate(prompts)]
+        atomic_write_text(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         print(f"wrote {len(prompts)} answers to {args.output}")
     elif args.compare:
         side_by_side(prompts, base, tuned)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from roctune.config import check_number
 from roctune.errors import ConfigError
 
 
@@ -42,12 +43,9 @@ def run(args) -> int:
         raise ConfigError(f"--port {args.port}: expected 0-65535")
     for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-limit", args.max_tokens_limit),
                         ("--max-body-bytes", args.max_body_bytes)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1 (got {value})")
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be >= 0 (got {args.threads})")
-    if args.batch_wait_ms < 0:
-        raise ConfigError(f"--batch-wait-ms must be >= 0 (got {args.batch_wait_ms})")
+        check_number(flag, value, ge=1)
+    check_number("--threads", args.threads, ge=0)
+    check_number("--batch-wait-ms", args.batch_wait_ms, ge=0, le=60_000)  # NaN and inf too: a batch must start
     root = args.adapter_root
     if root is not None and not os.path.isdir(root):
         raise ConfigError(f"--adapter-root {root}: no such directory")

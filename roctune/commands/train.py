@@ -25,7 +25,11 @@ def run(args) -> int:
     from roctune.recipes import train
     from roctune.training import launch
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args).validate()
+    if cfg.selftest:  # here, not in recipes.train: the self-test lives in doctor/, a layer above recipes/
+        from roctune.doctor.selftest import require
+
+        require(cfg, say=print)
     if launch.wants_launch(cfg):
         from roctune.recipes import prepare
 

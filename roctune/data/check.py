@@ -79,7 +79,8 @@ class _Scan:
         self.exact.append(exact)
         self.prompt.append(prompt)
         self.answer.append(answer)
-        blank = [j for j, m in enumerate(ex.messages) if not m["content"] or m["content"].isspace()]
+        blank = [j for j, m in enumerate(ex.messages)  # a turn that only calls tools has no text, rightly
+                 if (not m["content"] or m["content"].isspace()) and not m.get("tool_calls")]
         if blank:
             self.empty.add(f"{ex.where}: {ex.messages[blank[0]]['role']} turn {blank[0]} is empty")
         if is_echo:
@@ -87,7 +88,7 @@ class _Scan:
         if near in eval_keys:
             self.overlap.add(ex.where)
         if tokenizer is not None:
-            ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where)
+            ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where, ex.tools)
             self.lengths.append(len(ids))
 
 

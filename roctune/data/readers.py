@@ -21,6 +21,8 @@ from roctune.errors import DataError
 OnError = Optional[Callable[[DataError], None]]
 
 _CHUNK = 1 << 20
+# JSON nested deeper than Python's recursion limit (a hostile file: [[[[...]]]]) is one clear error, not a crash.
+TOO_DEEP = "JSON nested too deeply (thousands of levels); a record must be a plain object of fields"
 # Fields that hold structured values; in a CSV file their cells are JSON text.
 _JSON_COLUMNS = ("messages", "conversations", "history")
 FILE_KINDS = ("jsonl", "json", "csv", "parquet")
@@ -126,7 +128,7 @@ def fast_jsonl_object(line: bytes) -> dict | None:
     try:
         text = line.decode("utf-8")
         obj, end = _SCAN_ONCE(text, 0)
-    except (ValueError, StopIteration):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (ValueError, StopIteration, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     if obj.__class__ is not dict or (end != len(text) and not text[end:].isspace()):
         return None
@@ -146,6 +148,8 @@ def parse_jsonl_line(line: bytes, path: str, lineno: int) -> dict | None:
         return None
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{path}:{lineno}: {TOO_DEEP}") from None
     except json.JSONDecodeError as e:
         hint = ("; a .json file must hold one JSON array of records, or one record per line"
                 if path.lower().endswith(".json") else "; each line must be one complete JSON object")
@@ -221,6 +225,8 @@ class _TextWindow:
         while True:
             try:
                 return decoder.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise DataError(f"{self.path}: record {index} (line {self.line}): {TOO_DEEP}") from None
             except json.JSONDecodeError as e:
                 # Near the end of the buffer the item may just be cut by the chunking: read more.
                 if not self.eof and (e.pos >= len(self.buf) - 16 or e.msg.startswith("Unterminated string")):
@@ -282,6 +288,8 @@ def _decode_cells(obj: dict[str, Any], where: str) -> None:
                 continue
             try:
                 obj[key] = json.loads(cell)
+            except RecursionError:
+                raise DataError(f"{where}: field '{key}': {TOO_DEEP}") from None
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: field '{key}' must hold JSON in a CSV cell ({e.msg})") from None
 
@@ -335,7 +343,15 @@ def _iter_parquet(path: str, on_error: OnError = None) -> Iterator[tuple[str, in
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
     index = 0
-    for batch in pf.iter_batches(batch_size=1024):
+    batches = pf.iter_batches(batch_size=1024)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:  # noqa: BLE001 - a damaged page raises ArrowInvalid, OSError, ...: same answer
+            raise DataError(f"{path}: row {index} onwards cannot be read, the file is damaged "
+                            f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); write it again") from None
+        if batch is None:
+            return
         for obj in batch.to_pylist():
             yield f"{path}: row {index}", index, obj
             index += 1

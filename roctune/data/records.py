@@ -2,16 +2,19 @@
 
 `iter_examples` streams every valid record of the --data values given (in that order); `load_records` reads
 them all for training and raises one DataError listing the first few schema errors, each with the record's
-location and field; `ErrorLimit` is that collection, for any reader that takes `on_error`.
+location and field; `ErrorLimit` is that collection, for any reader that takes `on_error`. --data values with
+weights (`a.jsonl:0.7 b.jsonl:0.3`) are mixed by `mix` in a seeded order. `StreamedRecords` (--streaming)
+checks and counts the records once and reads them from disk again whenever it is iterated, never holding them all.
 """
 from __future__ import annotations
 
+import random
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from roctune.data.readers import OnError, iter_located, raise_or_report
-from roctune.data.sources import resolve_sources
+from roctune.data.sources import resolve_sources, split_weight
 from roctune.errors import DataError
 
 
@@ -20,8 +23,9 @@ class Record:
     """One example as read from a file: where it came from and its conversation."""
 
     source: str  # "file.jsonl:line 3" or "file.json:record 2"
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    tools: list[dict] | None = None  # the functions the assistant may call (OpenAI schema), if any
 
 
 @dataclass(slots=True)
@@ -30,9 +34,10 @@ class Example:
 
     where: str
     obj: dict
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     path: str
     num: int  # line (JSONL, CSV), record index (JSON) or row index (Parquet)
+    tools: list[dict] | None = None
 
 
 def combine_errors(errors: list[DataError], more: bool = False) -> DataError:
@@ -94,10 +99,11 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Itera
                     n_raw += 1
                     try:
                         msgs = src.to_messages(obj, where)
+                        tools = src.to_tools(obj, where)
                     except DataError as e:
                         raise_or_report(on_error, e)
                         continue
-                    yield Example(where, obj, msgs, src.path, num)
+                    yield Example(where, obj, msgs, src.path, num, tools)
             except DataError as e:  # the file cannot be read on (truncated, not UTF-8, empty): go to the next
                 count_error(e)
             if n_raw == 0 and n_errors == 0:
@@ -105,18 +111,80 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Itera
                                                     "record"))
 
 
-def load_records(paths: str | Iterable[str], limit: int | None = None, max_errors: int = 5) -> list[Record]:
-    """Read and validate every record of one or several datasets (mixed in the order given).
+def load_records(paths: str | Iterable[str], limit: int | None = None, max_errors: int = 5,
+                 seed: int = 0) -> list[Record]:
+    """Read and validate every record of one or several datasets (mixed in the order given, or by their weights
+    with `mix` when every value has one: PATH:W).
 
     A path is a .jsonl, .json, .csv/.tsv or .parquet file, or DIR:name for a LLaMA-Factory data directory.
     Schema errors are collected (up to `max_errors`, across all files) and raised as one DataError that
     lists each with its file:line (or record index) and field.
     """
+    specs = [paths] if isinstance(paths, str) else list(paths)
+    weights = [split_weight(s)[1] for s in specs]
+    if all(w is None for w in weights):
+        return _read(specs, limit, max_errors)
+    if any(w is None for w in weights):
+        missing = next(s for s, w in zip(specs, weights) if w is None)
+        raise DataError(f"--data {missing}: give every --data value a mixing weight (PATH:W) or none")
+    errors = ErrorLimit(max_errors)
+    with errors.collecting():
+        groups = [[Record(ex.where, ex.messages, ex.obj, ex.tools) for ex in iter_examples(s, errors)]
+                  for s in specs]
+    return mix(groups, weights, seed)[:limit]
+
+
+def _read(specs: list[str], limit: int | None, max_errors: int) -> list[Record]:
     records: list[Record] = []
     errors = ErrorLimit(max_errors)
     with errors.collecting():
-        for ex in iter_examples(paths, errors):
-            records.append(Record(ex.where, ex.messages, ex.obj))
+        for ex in iter_examples(specs, errors):
+            records.append(Record(ex.where, ex.messages, ex.obj, ex.tools))
             if limit is not None and len(records) >= limit:
                 break
     return records
+
+
+def mix(groups: list[list], weights: list[float], seed: int = 0) -> list:
+    """The items of several datasets in proportion to `weights`: as many in all as the datasets hold together,
+    dataset i giving round(total * w_i / sum(w)) of them, taken from a seeded permutation of it that is repeated
+    whole when more are asked than it has (so no item comes twice before every item came once); then one seeded
+    shuffle of the lot. The order depends only on the data, the weights and the seed, so a restarted or resumed
+    run sees the same order."""
+    rng = random.Random(seed)
+    total, wsum = sum(len(g) for g in groups), sum(weights)
+    out: list = []
+    for group, w in zip(groups, weights):
+        want, order = round(total * w / wsum), []
+        while group and len(order) < want:
+            perm = list(range(len(group)))
+            rng.shuffle(perm)
+            order += perm
+        out += [group[i] for i in order[:want]]
+    rng.shuffle(out)
+    return out
+
+
+class StreamedRecords:
+    """The records of --data values, read from disk each time they are iterated (--streaming): never all in
+    memory. Creating it reads them once to check them (errors raised as `load_records` raises them) and count them."""
+
+    def __init__(self, specs: str | Iterable[str], max_errors: int = 5):
+        self.specs = [specs] if isinstance(specs, str) else list(specs)
+        weighted = next((s for s in self.specs if split_weight(s)[1] is not None), None)
+        if weighted:
+            raise DataError(f"--data {weighted}: mixing weights need the records in memory; drop the weight "
+                            "or --streaming")
+        errors = ErrorLimit(max_errors)
+        count = 0
+        with errors.collecting():
+            for _ in iter_examples(self.specs, errors):
+                count += 1
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Record]:
+        for ex in iter_examples(self.specs):
+            yield Record(ex.where, ex.messages, tools=ex.tools)

@@ -1,13 +1,32 @@
 """Conversations rendered with the model's chat template (the same function inference uses) and tokenized
 with a label mask: labels are -100 on every prompt token and equal to the ids on assistant answers.
 
+Tool calling: when the model's chat template handles tools (it reads `tools` and `tool_calls`, as Qwen2.5's,
+Llama-3.1's and others' do), the conversation and its tool list go to the template as they are. Otherwise they
+are rewritten into plain turns in one fallback format (below: `FALLBACK_TOOLS_PROMPT`), the same for training,
+inference and serving since all of them render through `render_prompt` / `conversation_segments`:
+- the tool list is appended to the system turn: the functions as JSON lines inside <tools></tools>, with how to
+  call them;
+- an assistant's calls follow its text, one `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` each;
+- tool results become a user turn, each inside `<tool_response>\n...\n</tool_response>` (consecutive results
+  share one turn, so templates that insist on alternating roles accept it).
+Reasoning: an assistant's `reasoning_content` goes to templates that render it; for the others it is written
+before the answer as `<think>\n...\n</think>\n\n`, as reasoning models write it. `RenderOptions` says whether
+the reasoning is learned and what becomes of an empty `<think></think>` block.
+
+Learned: assistant answers, their tool calls and (by default) reasoning, with the end-of-turn token. Not learned:
+system and user turns, the tool list, tool results and the template's headers.
+
 Nothing here imports torch or transformers: a tokenizer is passed in.
 """
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from roctune.data.formats import parse_tool_calls
 from roctune.errors import DataError
 
 if TYPE_CHECKING:
@@ -20,6 +39,31 @@ FALLBACK_CHAT_TEMPLATE = (
     "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# The fallback tool format (Hermes / Qwen2.5 style, so models that know it parse their own calls).
+FALLBACK_TOOLS_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}}\n</tool_call>"
+)
+THINK_RE = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
+EMPTY_THINK = ("learn", "mask", "drop")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How reasoning is treated. `learn_reasoning`: the `<think>` block of an answer is learned (True) or only
+    context (False). `empty_think`: an empty `<think></think>` block is learned ("learn": teaches the model to
+    answer without thinking when the data says so), kept as context only ("mask"), or removed ("drop")."""
+
+    learn_reasoning: bool = True
+    empty_think: str = "learn"
+
+    @classmethod
+    def from_config(cls, cfg) -> "RenderOptions":
+        return cls(getattr(cfg, "learn_reasoning", True), getattr(cfg, "empty_think", "learn"))
+
 
 def ensure_chat_template(tokenizer) -> None:
     """Give a tokenizer without a chat template the fallback one, and a pad token (its EOS) if it lacks one."""
@@ -29,45 +73,163 @@ def ensure_chat_template(tokenizer) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
-def render_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
+def _template_text(tokenizer) -> str:
+    tpl = getattr(tokenizer, "chat_template", None) or ""
+    return tpl if isinstance(tpl, str) else json.dumps(tpl)
+
+
+def template_supports_tools(tokenizer) -> bool:
+    """Whether the chat template renders a tool list and tool calls itself (it reads `tools` and `tool_calls`)."""
+    tpl = _template_text(tokenizer)
+    return "tools" in tpl and "tool_calls" in tpl
+
+
+def _fallback_tools(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """The conversation in the fallback tool format (see the module docstring): plain system/user/assistant turns."""
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] == "tool":
+            text = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "_tool": True})
+            continue
+        m = dict(m)
+        calls = m.pop("tool_calls", None)
+        if calls:
+            blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n</tool_call>" for c in calls]
+            m["content"] = "\n".join(([m["content"]] if m["content"].strip() else []) + blocks)
+        out.append(m)
+    for m in out:
+        m.pop("_tool", None)
+    if tools:
+        prompt = FALLBACK_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{prompt}" if out[0]["content"].strip() else prompt
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _reasoning(messages: list[dict], in_template: bool, options: RenderOptions) -> list[dict]:
+    """Assistant reasoning where the template will render it: kept in `reasoning_content` for templates that
+    read it, otherwise written before the answer as <think>...</think>; empty blocks dropped if asked."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and ("reasoning_content" in m or "<think>" in m["content"]):
+            m = dict(m)
+            reasoning = m.get("reasoning_content")
+            if options.empty_think == "drop":
+                m["content"] = THINK_RE.sub(lambda x: "" if not x.group(1).strip() else x.group(0), m["content"])
+                if reasoning is not None and not reasoning.strip():
+                    m.pop("reasoning_content")
+                    reasoning = None
+            if reasoning is not None and not in_template:
+                m.pop("reasoning_content")
+                m["content"] = f"<think>\n{reasoning.strip()}\n</think>\n\n{m['content']}"
+        out.append(m)
+    return out
+
+
+def _normalise(m: dict) -> dict:
+    """A message as read by `formats` would give it; those from an API request may have null content next to
+    tool calls, and arguments as a JSON string (OpenAI's wire format)."""
+    if "tool_calls" not in m and m.get("content") is not None:
+        return m
+    m = {**m, "content": m.get("content") or ""}
+    if m.get("tool_calls"):
+        m["tool_calls"] = parse_tool_calls(m["tool_calls"], "messages", "tool_calls")
+    return m
+
+
+def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                     options: RenderOptions | None = None) -> tuple[list[dict], list[dict] | None]:
+    """The messages and tool list as this tokenizer's chat template takes them (tools and reasoning rewritten
+    into the fallback format where the template does not handle them)."""
+    options = options or RenderOptions()
+    tpl = _template_text(tokenizer)
+    messages = [_normalise(m) for m in messages]
+    messages = _reasoning(messages, "reasoning_content" in tpl, options)
+    has_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    if has_tools and not template_supports_tools(tokenizer):
+        return _fallback_tools(messages, tools), None
+    return messages, tools or None
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
+
+
+def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
     """The prompt text for the next assistant answer. Training and every inference path use this."""
     ensure_chat_template(tokenizer)
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    messages, tools = prepare_messages(tokenizer, messages, tools)
+    return _render(tokenizer, messages, True, tools)
 
 
-def _render(tokenizer, messages, add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def _answer_segments(text: str, options: RenderOptions) -> list[tuple[str, bool]]:
+    """An assistant turn's rendered text split around its <think> block, which is learned or not by `options`."""
+    m = THINK_RE.search(text)
+    if not m:
+        return [(text, True)]
+    empty = not m.group(1).strip()
+    learn = options.empty_think == "learn" if empty else options.learn_reasoning
+    parts = [(text[:m.start()], True), (m.group(0), learn), (text[m.end():], True)]
+    return [p for p in parts if p[0]]
 
 
-def tokenize_conversation(tokenizer, messages: list[dict[str, str]], max_length: int | None = None,
-                          where: str = "") -> tuple[list[int], list[int]]:
-    """Token ids and labels for one conversation. Labels are -100 on every prompt token (system and
-    user turns, and the template's assistant header) and equal to the ids on assistant answers,
-    including the end-of-turn token the template puts after each answer.
+def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                          options: RenderOptions | None = None, where: str = "") -> list[tuple[str, bool]]:
+    """The conversation rendered by the chat template as (text, learned) pieces, in order.
 
-    The conversation is rendered by the same chat template as `render_prompt`; each segment between
-    assistant turns is tokenized separately, so the split between prompt and answer is exact.
+    It is rendered by the same template as `render_prompt`, once up to each assistant turn (with the generation
+    prompt) and once with it; the difference is the turn's learned text (with its end-of-turn token), so the
+    split between prompt and answer is exact.
     """
     ensure_chat_template(tokenizer)
-    ids: list[int] = []
-    labels: list[int] = []
+    options = options or RenderOptions()
+    messages, tools = prepare_messages(tokenizer, messages, tools, options)
+    segments: list[tuple[str, bool]] = []
     rendered = ""
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prompt_text = _render(tokenizer, messages[:i], add_generation_prompt=True)
-        full_text = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        prompt_text = _render(tokenizer, messages[:i], True, tools)
+        full_text = _render(tokenizer, messages[: i + 1], False, tools)
         if not prompt_text.startswith(rendered) or not full_text.startswith(prompt_text):
             raise DataError(f"{where}: this model's chat template renders earlier turns differently once "
                             "later turns are added, so answers cannot be masked exactly; split multi-turn "
                             "records into single-turn ones")
-        prompt_part = prompt_text[len(rendered):]
-        answer_part = full_text[len(prompt_text):]
-        p_ids = tokenizer(prompt_part, add_special_tokens=False)["input_ids"] if prompt_part else []
-        a_ids = tokenizer(answer_part, add_special_tokens=False)["input_ids"]
-        ids += p_ids + a_ids
-        labels += [-100] * len(p_ids) + list(a_ids)
+        if len(prompt_text) > len(rendered):
+            segments.append((prompt_text[len(rendered):], False))
+        segments += _answer_segments(full_text[len(prompt_text):], options)
         rendered = full_text
+    return segments
+
+
+def tokenize_segments(tokenizer, segments: list[tuple[str, bool]]) -> list[list[int]]:
+    """Token ids of each segment, tokenized separately (one batched call) so every boundary stays exact."""
+    if not segments:
+        return []
+    return tokenizer([text for text, _ in segments], add_special_tokens=False)["input_ids"]
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], max_length: int | None = None, where: str = "",
+                          tools: list[dict] | None = None,
+                          options: RenderOptions | None = None) -> tuple[list[int], list[int]]:
+    """Token ids and labels for one conversation. Labels are -100 on every prompt token (system and user
+    turns, tool lists and results, and the template's assistant header) and equal to the ids on assistant
+    answers and tool calls, including the end-of-turn token the template puts after each answer; reasoning
+    as `options` say (see `conversation_segments`)."""
+    segments = conversation_segments(tokenizer, messages, tools, options, where)
+    ids: list[int] = []
+    labels: list[int] = []
+    for (_, learned), seg_ids in zip(segments, tokenize_segments(tokenizer, segments)):
+        ids += seg_ids
+        labels += list(seg_ids) if learned else [-100] * len(seg_ids)
     if max_length is not None and len(ids) > max_length:
         ids, labels = ids[:max_length], labels[:max_length]
     return ids, labels
@@ -86,14 +248,25 @@ class Tokenized:
         return sum(1 for x in self.labels if x != -100)
 
 
-def tokenize_records(tokenizer, records: list[Record], max_length: int) -> tuple[list[Tokenized], int]:
+def iter_tokenized(tokenizer, records: Iterable[Record], max_length: int,
+                   options: RenderOptions | None = None) -> Iterator[Tokenized | None]:
+    """Each record tokenized, in order; None for one whose answer truncation cut off entirely (it is dropped)."""
+    for r in records:
+        ids, labels = tokenize_conversation(tokenizer, r.messages, max_length, r.source, r.tools, options)
+        if all(x == -100 for x in labels[1:]):  # the first label is never predicted
+            yield None
+        else:
+            yield Tokenized(ids, labels, r.source)
+
+
+def tokenize_records(tokenizer, records: Iterable[Record], max_length: int,
+                     options: RenderOptions | None = None) -> tuple[list[Tokenized], int]:
     """Tokenize every record. Returns (examples, number dropped because truncation left no answer)."""
     out: list[Tokenized] = []
     dropped = 0
-    for r in records:
-        ids, labels = tokenize_conversation(tokenizer, r.messages, max_length, r.source)
-        if all(x == -100 for x in labels[1:]):  # the first label is never predicted
+    for item in iter_tokenized(tokenizer, records, max_length, options):
+        if item is None:
             dropped += 1
-            continue
-        out.append(Tokenized(ids, labels, r.source))
+        else:
+            out.append(item)
     return out, dropped

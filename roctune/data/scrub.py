@@ -11,6 +11,7 @@ from roctune.data.pii import TYPES, Scrubber, line_may_match
 from roctune.data.readers import csv_delimiter, fast_jsonl_object, file_kind, iter_located, parse_jsonl_line
 from roctune.data.writers import RecordWriter, atomic_path, same_file
 from roctune.errors import DataError
+from roctune.rundir import check_output_file
 
 
 def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
@@ -65,14 +66,26 @@ def _scrub_records(inp: str, kind: str, tmp: str, scrubber: Scrubber) -> tuple[i
     return records, changed
 
 
-def scrub_file(inp: str, out: str, types: list[str] | None = None) -> dict:
-    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
-
-    Never edits in place; `out` appears only when the whole file was read and written without error.
-    """
-    kind = file_kind(inp)
+def check_outputs(inp: str, out: str, report: str | None = None, overwrite: bool = False) -> None:
+    """OUT (and the report file) must be new files in writable folders, never the input nor each other; an
+    existing file is replaced only with `overwrite`."""
     if same_file(inp, out):
         raise DataError(f"{out}: is the input file; scrub never edits in place, give a new output path")
+    check_output_file(out, "OUT", overwrite, (inp,))
+    if report is not None:
+        if os.path.abspath(report) == os.path.abspath(out):
+            raise DataError(f"--report {report}: is also OUT; give the report its own file")
+        check_output_file(report, "--report", overwrite, (inp,))
+
+
+def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bool = False) -> dict:
+    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
+
+    Never edits in place; `out` appears only when the whole file was read and written without error, and an
+    existing `out` is replaced only with `overwrite`.
+    """
+    kind = file_kind(inp)
+    check_outputs(inp, out, overwrite=overwrite)
     scrubber = Scrubber(types)
     with atomic_path(out) as tmp:
         if kind == "jsonl":
@@ -90,4 +103,3 @@ def write_report(report: dict, path: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(report, f, ensure_ascii=False, indent=2)
             f.write("\n")
-    os.chmod(path, 0o644)

@@ -1,15 +1,18 @@
 """Dataset sources: the files one --data value names, and how their records map to the known formats.
 
 A --data value is a file, or a LLaMA-Factory data directory as DIR:name[,name...] (DIR alone when its
-dataset_info.json holds a single dataset); each entry's file_name, formatting, columns and tags are honoured.
+dataset_info.json holds a single dataset); each entry's file_name, formatting, columns and tags are honoured,
+including sharegpt's `function_tag` / `observation_tag` turns and the `tools` column of tool-calling datasets.
+A trailing `:W` (a number) is a mixing weight (`a.jsonl:0.7`, `DIR:name:0.3`; see `split_weight`).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
-from roctune.data.formats import field_text, maybe_json, parse_turns, to_messages
+from roctune.data.formats import field_text, maybe_json, parse_turns, record_tools, to_messages
 from roctune.errors import DataError
 
 _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".pq")
@@ -31,10 +34,48 @@ class Source:
             obj = _llamafactory_record(obj, self, where)
         return to_messages(obj, where, check_order=True)
 
+    def to_tools(self, obj: dict, where: str) -> list[dict] | None:
+        """The record's tool list: its `tools` field, or the column dataset_info.json maps `tools` to."""
+        return record_tools(obj, where, self.columns.get("tools", "tools"))
+
+
+_WEIGHT = re.compile(r"^(?P<rest>.+):(?P<w>\d+(?:\.\d*)?(?:e-?\d+)?|\.\d+)$")
+
+
+def split_weight(spec: str) -> tuple[str, float | None]:
+    """A --data value and its mixing weight: `PATH:W`, `DIR:W` or `DIR:name:W` (W > 0), weight None without one.
+
+    A trailing `:number` is a weight only when the whole value names nothing on disk and what is left does, and
+    for `DIR:number` only when DIR's dataset_info.json has no dataset of that name, so `DIR:name` keeps its
+    meaning even for datasets named by a number."""
+    m = _WEIGHT.match(spec)
+    if not m or os.path.exists(spec):
+        return spec, None
+    rest = m["rest"]
+    base = rest if os.path.exists(rest) else rest.rpartition(":")[0]
+    if not os.path.isdir(base) and not os.path.isfile(rest):
+        return spec, None
+    if os.path.isdir(rest) and m["w"] in _dataset_names(rest):
+        return spec, None
+    weight = float(m["w"])
+    if weight <= 0:
+        raise DataError(f"--data {spec}: the mixing weight must be > 0 (got {m['w']})")
+    return rest, weight
+
+
+def _dataset_names(directory: str) -> set[str]:
+    try:
+        with open(os.path.join(directory, "dataset_info.json"), encoding="utf-8") as f:
+            info = json.load(f)
+        return set(info) if isinstance(info, dict) else set()
+    except (OSError, ValueError):
+        return set()
+
 
 def resolve_sources(spec: str) -> list[Source]:
     """The files named by one --data value: a file, or DIR:name[,name...] for a LLaMA-Factory data directory
-    (DIR alone when its dataset_info.json holds a single dataset)."""
+    (DIR alone when its dataset_info.json holds a single dataset); a mixing weight (`:W`) is left aside."""
+    spec, _ = split_weight(spec)
     if os.path.isfile(spec):
         return [Source(spec)]
     directory, names = spec, None
@@ -106,7 +147,9 @@ def sharegpt_tags(src: Source) -> tuple[str, str, dict[str, str]]:
     """(role key, content key, role map) of a LLaMA-Factory sharegpt dataset, from its tags."""
     tags = src.tags
     role_map = {tags.get("user_tag", "human"): "user", tags.get("assistant_tag", "gpt"): "assistant",
-                tags.get("system_tag", "system"): "system"}
+                tags.get("system_tag", "system"): "system",
+                tags.get("function_tag", "function_call"): "function_call",
+                tags.get("observation_tag", "observation"): "tool"}
     return tags.get("role_tag", "from"), tags.get("content_tag", "value"), role_map
 
 

@@ -12,9 +12,10 @@ from roctune.data.readers import csv_delimiter
 from roctune.data.records import ErrorLimit, iter_examples
 from roctune.data.writers import RecordWriter, atomic_path, output_kind, same_file
 from roctune.errors import ConfigError, DataError
+from roctune.rundir import check_output_file
 
 
-def split_eval(items: list, eval_ratio: float, seed: int) -> tuple[list, list]:
+def split_eval(items, eval_ratio: float, seed: int) -> tuple:
     """A seeded random split; eval gets round(n * ratio) items, at least one when ratio > 0."""
     if eval_ratio <= 0:
         return list(items), []
@@ -23,12 +24,14 @@ def split_eval(items: list, eval_ratio: float, seed: int) -> tuple[list, list]:
     idx = list(range(len(items)))
     random.Random(seed).shuffle(idx)
     n_eval = min(len(items) - 1, max(1, round(len(items) * eval_ratio)))
+    if hasattr(items, "select"):  # memory-mapped examples (roctune.data.cache): views, nothing is read
+        return items.select(sorted(idx[n_eval:])), items.select(sorted(idx[:n_eval]))
     eval_idx = set(idx[:n_eval])
     return ([x for i, x in enumerate(items) if i not in eval_idx],
             [x for i, x in enumerate(items) if i in eval_idx])
 
 
-def _check_outputs(paths: list[str], out_train: str, out_eval: str, eval_ratio: float) -> None:
+def _check_outputs(paths: list[str], out_train: str, out_eval: str, eval_ratio: float, overwrite: bool) -> None:
     if not 0 < eval_ratio < 1:
         raise ConfigError(f"--eval-ratio is {eval_ratio}; give a fraction between 0 and 1, e.g. 0.05")
     for out in (out_train, out_eval):
@@ -37,6 +40,8 @@ def _check_outputs(paths: list[str], out_train: str, out_eval: str, eval_ratio: 
                 raise DataError(f"{out}: is also the input; write the split to new files")
     if os.path.abspath(out_train) == os.path.abspath(out_eval):
         raise DataError("--out-train and --out-eval name the same file; give two paths")
+    for flag, out in (("--out-train", out_train), ("--out-eval", out_eval)):
+        check_output_file(out, flag, overwrite)
 
 
 def _first_pass(paths: list[str]) -> tuple[int, array.array, list[str]]:
@@ -60,13 +65,15 @@ def _first_pass(paths: list[str]) -> tuple[int, array.array, list[str]]:
     return n, keep, list(columns)
 
 
-def split_data(paths: list[str], out_train: str, out_eval: str, eval_ratio: float, seed: int) -> dict:
+def split_data(paths: list[str], out_train: str, out_eval: str, eval_ratio: float, seed: int,
+               overwrite: bool = False) -> dict:
     """De-duplicate (after normalisation), then split with a seeded shuffle; two streaming passes.
 
     The outputs take the format of their extension (.jsonl, .json, .csv, .parquet) and hold the records as
-    they were read. Nothing is written if the input has schema errors.
+    they were read. Nothing is written if the input has schema errors, nor over an existing file without
+    `overwrite`.
     """
-    _check_outputs(paths, out_train, out_eval, eval_ratio)
+    _check_outputs(paths, out_train, out_eval, eval_ratio, overwrite)
     n, keep, columns = _first_pass(paths)
     train_idx, eval_idx = split_eval(list(keep), eval_ratio, seed)
     eval_set, train_set = set(eval_idx), set(train_idx)

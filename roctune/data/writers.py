@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from roctune.errors import DataError
+from roctune.rundir import new_file_mode
 
 
 def output_kind(path: str) -> str:
@@ -36,6 +37,7 @@ def atomic_path(path: str) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, new_file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

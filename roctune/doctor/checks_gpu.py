@@ -4,6 +4,8 @@ and share one architecture.
 """
 from __future__ import annotations
 
+from roctune.hardware.facts import Gpu
+from roctune.hardware.gpus import ARCHS
 from roctune.hardware.readiness import Context, visible_indices
 from roctune.hardware.report import Findings
 
@@ -68,13 +70,37 @@ def check_multi_gpu(c: Context, out: Findings) -> None:
     if not lacking:
         out.add("multi_gpu", "ok", f"{len(vis)} GPUs visible, all with direct peer access{kinds}",
                 f"{names}; from {how}")
+        if m.env.get("NCCL_P2P_DISABLE", "0") not in ("", "0"):
+            out.add("multi_gpu.p2p", "warn", f"NCCL_P2P_DISABLE={m.env['NCCL_P2P_DISABLE']} although the GPUs have "
+                    "direct peer access", "RCCL/NCCL then copy through host memory: slower gradient exchange",
+                    "unset NCCL_P2P_DISABLE (keep it only if RCCL hangs without it)")
     else:
         out.add("multi_gpu", "warn", f"{len(vis)} GPUs visible; no direct peer access between "
                 + ", ".join(f"{a}↔{b}" for a, b in lacking),
                 f"{names}; from {how}. Multi-GPU training still works, but tensors travel through host memory",
-                "check the IOMMU (kernel parameter iommu=pt) and BIOS settings (Above 4G decoding, Resizable BAR)"
-                "; or train on one GPU: " + ("HIP_VISIBLE_DEVICES=0" if amd else "CUDA_VISIBLE_DEVICES=0"))
+                "check the IOMMU (kernel parameter iommu=pt) and BIOS settings (Above 4G decoding, Resizable BAR); "
+                "if RCCL/NCCL hangs: export NCCL_P2P_DISABLE=1; or train on one GPU: "
+                + ("HIP_VISIBLE_DEVICES=0" if amd else "CUDA_VISIBLE_DEVICES=0"))
+    _iommu(c, out, [m.gpus[i] for i in idx])
     if len(gfxs) > 1:
         out.add("multi_gpu.mixed", "warn", f"mixed architectures: {', '.join(sorted(gfxs))}",
-                "one process runs one set of kernels (and one HSA_OVERRIDE_GFX_VERSION) for all GPUs",
+                "one process runs one set of kernels (and one HSA_OVERRIDE_GFX_VERSION) for all GPUs, and RCCL "
+                "collectives between different architectures are slow or unsupported",
                 "pick GPUs of one kind: HIP_VISIBLE_DEVICES=<indices>")
+
+
+def _iommu(c: Context, out: Findings, gpus: list[Gpu]) -> None:
+    """Consumer Radeon cards (RDNA) exchange data peer-to-peer reliably only with the IOMMU in passthrough."""
+    radeon = [g for g in gpus if g.vendor == "amd" and ARCHS.get(g.gfx or "") and
+              ARCHS[g.gfx].family.startswith("RDNA")]
+    cmdline = (c.m.kernel_cmdline or "").split()
+    if len(radeon) < 2 or c.m.kernel_cmdline is None or c.m.wsl:
+        return
+    if "iommu=pt" in cmdline or "amd_iommu=off" in cmdline:
+        out.add("multi_gpu.iommu", "ok", f"{len(radeon)} Radeon GPUs and the IOMMU in passthrough (iommu=pt)", "")
+    else:
+        out.add("multi_gpu.iommu", "warn", f"{len(radeon)} Radeon GPUs but the kernel command line has no iommu=pt",
+                "with the IOMMU translating, peer-to-peer transfers between consumer Radeon cards hang or fail in "
+                "RCCL (multi-GPU training stalls at the first all-reduce)",
+                "add iommu=pt to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, sudo update-grub, reboot; until "
+                "then: export NCCL_P2P_DISABLE=1")

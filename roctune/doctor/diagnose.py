@@ -9,12 +9,13 @@ from __future__ import annotations
 from roctune.doctor.checks_gpu import check_multi_gpu, check_vram
 from roctune.doctor.checks_libs import check_flash_attn, check_packages, check_qlora
 from roctune.doctor.checks_torch import check_dtype_and_attention
+from roctune.doctor.checks_wsl import check_wsl
 from roctune.hardware import readiness
 from roctune.hardware.facts import Machine
 from roctune.hardware.report import Findings, Report
 
 # doctor's own checks, in report order after the readiness checks
-ADVICE = (check_dtype_and_attention, check_flash_attn, check_qlora, check_vram, check_multi_gpu, check_packages)
+ADVICE = (check_wsl, check_dtype_and_attention, check_flash_attn, check_qlora, check_vram, check_multi_gpu, check_packages)
 
 
 def diagnose(m: Machine) -> Report:

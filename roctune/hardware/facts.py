@@ -38,6 +38,8 @@ class Machine:
     rocm_version: str | None = None
     nvidia_driver: str | None = None
     container: bool = False
+    kernel_cmdline: str | None = None  # /proc/cmdline (iommu=pt and friends)
+    wsl: dict = field(default_factory=dict)  # see probe.wsl_facts; empty when not under WSL
     links: dict = field(default_factory=dict)  # "i-j" -> "xgmi" | "pcie" (direct peer links from KFD)
     tools: dict[str, str] = field(default_factory=dict)  # vendor tools found on PATH
     torch: dict = field(default_factory=dict)

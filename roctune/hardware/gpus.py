@@ -24,6 +24,8 @@ class Arch:
     sdpa_flash: str = "no"  # PyTorch SDPA flash/efficient kernels (AOTriton): "yes" | "experimental" | "no"
     flash_attn: str = "no"  # flash-attn package: "ck" (ROCm fork, CK backend) | "triton" (Triton AMD backend) | "no"
     note: str = ""
+    min_rocm: str = ""  # the oldest PyTorch ROCm wheel index with kernels for it, when newer than the oldest index
+    bad_override: str = ""  # an HSA_OVERRIDE_GFX_VERSION value known to fail on it (people try it anyway)
 
 
 # AMD GPU architectures by gfx target. "status" is for the current official PyTorch ROCm wheels; the
@@ -44,10 +46,14 @@ ARCHS: dict[str, Arch] = {
     "gfx941": Arch("CDNA 3", "Instinct MI300 (early)", "supported", sdpa_flash="yes", flash_attn="ck"),
     "gfx942": Arch("CDNA 3", "Instinct MI300X/MI300A/MI325X", "supported", sdpa_flash="yes", flash_attn="ck"),
     "gfx950": Arch("CDNA 4", "Instinct MI350X/MI355X", "supported", sdpa_flash="yes", flash_attn="ck",
-                   note="needs a wheel for ROCm 6.4 or newer"),
-    "gfx1010": Arch("RDNA 1 (Navi 10)", "Radeon RX 5700/5700 XT", "unsupported", bf16=False),
-    "gfx1011": Arch("RDNA 1 (Navi 12)", "Radeon Pro 5600M/V520", "unsupported", bf16=False),
-    "gfx1012": Arch("RDNA 1 (Navi 14)", "Radeon RX 5500/5500 XT", "unsupported", bf16=False),
+                   note="needs a wheel for ROCm 6.4 or newer", min_rocm="6.4"),
+    # RDNA1 lacks instructions (packed dot products) that gfx1030's kernels use: posing as 10.3.0 loads them anyway
+    "gfx1010": Arch("RDNA 1 (Navi 10)", "Radeon RX 5700/5700 XT", "unsupported", bf16=False,
+                    bad_override="10.3.0"),
+    "gfx1011": Arch("RDNA 1 (Navi 12)", "Radeon Pro 5600M/V520", "unsupported", bf16=False,
+                    bad_override="10.3.0"),
+    "gfx1012": Arch("RDNA 1 (Navi 14)", "Radeon RX 5500/5500 XT", "unsupported", bf16=False,
+                    bad_override="10.3.0"),
     "gfx1030": Arch("RDNA 2 (Navi 21)", "Radeon RX 6800/6800 XT/6900 XT/6950 XT, PRO W6800", "supported"),
     "gfx1031": Arch("RDNA 2 (Navi 22)", "Radeon RX 6700/6700 XT/6750 XT", "override", "10.3.0"),
     "gfx1032": Arch("RDNA 2 (Navi 23)", "Radeon RX 6600/6600 XT/6650 XT", "override", "10.3.0"),
@@ -64,11 +70,13 @@ ARCHS: dict[str, Arch] = {
     "gfx1103": Arch("RDNA 3 (Phoenix APU)", "Radeon 740M/760M/780M", "override", "11.0.0"),
     "gfx1150": Arch("RDNA 3.5 (Strix Point APU)", "Radeon 880M/890M", "override", "11.0.0"),
     "gfx1151": Arch("RDNA 3.5 (Strix Halo APU)", "Radeon 8050S/8060S", "supported", "11.0.0",
-                    sdpa_flash="experimental", note="needs a recent wheel (ROCm 6.4 or newer)"),
+                    sdpa_flash="experimental", note="needs a recent wheel (ROCm 6.4 or newer)",
+                    min_rocm="6.4"),
     "gfx1200": Arch("RDNA 4 (Navi 44)", "Radeon RX 9060/9060 XT", "supported", sdpa_flash="experimental",
-                    flash_attn="triton", note="needs a wheel for ROCm 6.4 or newer"),
+                    flash_attn="triton", note="needs a wheel for ROCm 6.4 or newer", min_rocm="6.4"),
     "gfx1201": Arch("RDNA 4 (Navi 48)", "Radeon RX 9070/9070 XT, AI PRO R9700", "supported",
-                    sdpa_flash="experimental", flash_attn="triton", note="needs a wheel for ROCm 6.4 or newer"),
+                    sdpa_flash="experimental", flash_attn="triton", note="needs a wheel for ROCm 6.4 or newer",
+                    min_rocm="6.4"),
 }
 
 # PCI device ids of common AMD cards, for a name when neither torch nor rocminfo gives one.

@@ -10,7 +10,7 @@ import glob
 import os
 
 from roctune.hardware import probe
-from roctune.hardware.facts import Machine
+from roctune.hardware.facts import Gpu, Machine
 from roctune.hardware.gpus import AMD_DEVICE_NAMES, ARCHS
 from roctune.hardware.torchfacts import complete_torch_facts, live_torch_facts
 
@@ -40,6 +40,8 @@ def gather(root: str = "/", user: str | None = None, torch_facts: dict | None = 
     m.rocm_version = probe.rocm_version(root)
     m.nvidia_driver = probe.nvidia_driver(root)
     m.container = probe.in_container(root)
+    m.kernel_cmdline = probe.read(root, "/proc/cmdline")
+    m.wsl = probe.wsl_facts(root)
     m.torch = complete_torch_facts(torch_facts) if torch_facts is not None else live_torch_facts(full=full)
     _names_from_torch(m)
     if live and use_tools:
@@ -82,13 +84,15 @@ def _names_from_torch(m: Machine) -> None:
 
 
 def _names_from_tables(m: Machine) -> None:
-    """A name for every GPU still without one: the AMD card by PCI id, its family, or the PCI id."""
+    """A name for every GPU still without one."""
     for g in m.gpus:
-        if g.name:
-            continue
-        did = probe.to_int(g.device_id, 16) if g.device_id else None
-        if g.vendor == "amd":
-            arch = ARCHS.get(g.gfx or "")
-            g.name = AMD_DEVICE_NAMES.get(did or -1) or (f"AMD {arch.family} GPU" if arch else "AMD GPU")
-        else:
-            g.name = f"NVIDIA GPU [10de:{did:04x}]" if did else "NVIDIA GPU"
+        g.name = g.name or table_name(g)
+
+
+def table_name(g: Gpu) -> str:
+    """A GPU's name from roctune's tables: the AMD card by PCI id, its family, or the PCI id."""
+    did = probe.to_int(g.device_id, 16) if g.device_id else None
+    if g.vendor == "amd":
+        arch = ARCHS.get(g.gfx or "")
+        return AMD_DEVICE_NAMES.get(did or -1) or (f"AMD {arch.family} GPU" if arch else "AMD GPU")
+    return f"NVIDIA GPU [10de:{did:04x}]" if did else "NVIDIA GPU"

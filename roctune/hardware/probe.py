@@ -158,6 +158,20 @@ def nvidia_driver(root: str) -> str | None:
     return found.group(1) if found else "unknown"
 
 
+def wsl_facts(root: str) -> dict:
+    """WSL2 facts: {} on other machines; else {"dxg": /dev/dxg (the GPU bridge to the Windows driver),
+    "kernel": the WSL kernel line of /proc/version, "rocm_runtime": ROCm's WSL runtime (package
+    hsa-runtime-rocr4wsl-amdgpu) is installed, "cuda_lib": the Windows NVIDIA driver's libcuda is mapped in}."""
+    version = read(root, "/proc/version") or ""
+    dxg = os.path.exists(path_under(root, "/dev/dxg"))
+    wsl_kernel = re.search(r"microsoft|WSL", version, re.I) is not None
+    if not (dxg or wsl_kernel):
+        return {}
+    rocr4wsl = "Package: hsa-runtime-rocr4wsl-amdgpu" in (read(root, "/var/lib/dpkg/status") or "")
+    return {"dxg": dxg, "kernel": version.split("(")[0].strip() if wsl_kernel else "",
+            "rocm_runtime": rocr4wsl, "cuda_lib": os.path.exists(path_under(root, "/usr/lib/wsl/lib/libcuda.so"))}
+
+
 def has_nvidia_nodes(root: str) -> bool:
     return os.path.exists(path_under(root, "/dev/nvidiactl")) or bool(glob.glob(path_under(root, "/dev/nvidia[0-9]*")))
 

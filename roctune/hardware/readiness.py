@@ -249,7 +249,12 @@ def _override_finding(c: Context, out: Findings, i: int, g: Gpu, arch: Arch | No
     override = c.m.env.get("HSA_OVERRIDE_GFX_VERSION")
     override_gfx = parse_override(override)
     state, value = c.states[i]
-    if override is not None and override_gfx is None:
+    if arch and arch.bad_override and override_gfx and override_gfx == parse_override(arch.bad_override):
+        out.add(fid + ".override", "fail" if c.backend == "rocm" else "warn",
+                f"HSA_OVERRIDE_GFX_VERSION={override} is known to fail on the {g.gfx} ({arch.family})",
+                f"the {override_gfx} kernels use instructions the {g.gfx} lacks: crashes (illegal instruction, "
+                "memory access fault) or silently wrong numbers", "unset HSA_OVERRIDE_GFX_VERSION; train with --device cpu")
+    elif override is not None and override_gfx is None:
         out.add(fid + ".override", "warn", f"HSA_OVERRIDE_GFX_VERSION={override!r} is not a version like 10.3.0",
                 "the ROCm runtime ignores or misreads it", "unset HSA_OVERRIDE_GFX_VERSION")
     elif override_gfx and override_gfx != g.gfx:
@@ -314,7 +319,7 @@ def check_nvidia_arch(c: Context, out: Findings) -> None:
 
 
 def check_no_gpu(c: Context, out: Findings) -> None:
-    if not c.m.gpus:
+    if not c.m.gpus and not c.train_gpu:  # under WSL2 sysfs shows no GPU, but torch may see one
         out.add("cpu", "warn", "no GPU: training runs on the CPU",
                 "a CPU trains roughly 10-50x slower than a mid-range GPU: fine for models up to ~0.5B parameters and "
                 "small data sets (the bundled 135M demo takes minutes), impractical beyond ~1B",

@@ -165,8 +165,12 @@ def load_torch_facts(spec: str) -> dict:
                 text = f.read()
         except OSError as e:
             raise ConfigError(f"--torch-facts: cannot read {spec.lstrip('@')}: {e.strerror}") from e
+        except UnicodeDecodeError:
+            raise ConfigError(f"--torch-facts: {spec.lstrip('@')} is not UTF-8 text; give a JSON file") from None
     try:
         facts = json.loads(text)
+    except RecursionError:
+        raise ConfigError("--torch-facts: JSON nested too deeply; give a flat JSON object") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"--torch-facts: not valid JSON ({e.msg} at position {e.pos})") from e
     if not isinstance(facts, dict):

@@ -129,9 +129,21 @@ def _hub_cached_config(repo_id: str) -> dict | None:
     except Exception:
         return None
     if isinstance(path, str) and os.path.isfile(path):
-        with open(path) as f:
-            return dict(json.load(f), _name=repo_id)
+        return _read_json(path, repo_id, repo_id)
     return None
+
+
+def _read_json(path: str, shown: str, model_name: str) -> dict:
+    """A config.json as a dict; anything else (not JSON, not UTF-8, nested too deeply, not an object) is one
+    ConfigError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (ValueError, RecursionError, OSError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"{shown}: not a JSON config file ({type(e).__name__}); give a model's config.json") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{shown}: not a JSON config file (expected an object); give a model's config.json")
+    return dict(doc, _name=model_name)
 
 
 def load_config(config: Any) -> dict:
@@ -150,8 +162,7 @@ def load_config(config: Any) -> dict:
     if os.path.isdir(path):
         cfg_file = os.path.join(path, "config.json")
         if os.path.isfile(cfg_file):
-            with open(cfg_file) as f:
-                return dict(json.load(f), _name=os.path.basename(os.path.abspath(path)))
+            return _read_json(cfg_file, cfg_file, os.path.basename(os.path.abspath(path)))
         ggufs = sorted(p for p in os.listdir(path) if p.endswith(".gguf"))
         for g in ggufs:
             d = _config_from_gguf(os.path.join(path, g))
@@ -164,11 +175,7 @@ def load_config(config: Any) -> dict:
             if d:
                 return d
             raise ConfigError(f"{name}: cannot read the GGUF header (is the `gguf` package installed?)")
-        try:
-            with open(path) as f:
-                return dict(json.load(f), _name=os.path.basename(os.path.dirname(os.path.abspath(path))) or name)
-        except (ValueError, UnicodeDecodeError):
-            raise ConfigError(f"{name}: not a JSON config file") from None
+        return _read_json(path, name, os.path.basename(os.path.dirname(os.path.abspath(path))) or name)
     d = builtin_config(name)
     if d is None and name.strip().lower() in ("", "default"):
         d = builtin_config("SmolLM2-135M")

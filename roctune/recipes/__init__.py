@@ -20,6 +20,8 @@ def prepare(cfg, check_output: bool = True):
     trackers.check(cfg.report_to)  # a missing tracker package is reported before the data is read
     if cfg.stage == "dpo":
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
+    elif cfg.streaming:
+        from roctune.data.records import StreamedRecords as read  # checked and counted now, read again to tokenize
     else:
         from roctune.data.records import load_records as read
     records = read(cfg.data)

@@ -11,11 +11,17 @@ from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
 
 
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
-    from roctune.data.render import tokenize_records
+    from functools import partial
+
+    from roctune.data.render import RenderOptions, iter_tokenized, tokenize_records
 
     setup, dist, tokenizer = session.start(cfg, base_model, say)
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
-    train_ex, eval_ex = session.tokenize_splits(tokenize_records, tokenizer, records, eval_records, cfg, say, "example")
+    options = RenderOptions.from_config(cfg)
+    train_ex, eval_ex = session.tokenize_splits(partial(tokenize_records, options=options), tokenizer, records,
+                                                eval_records, cfg, say, "example",
+                                                ({"recipe": "sft", **vars(options)},
+                                                 partial(iter_tokenized, options=options)))
     n_tok = sum(len(e.input_ids) for e in train_ex)
     session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
     model = session.build_trainable(cfg, setup, base_model, say)

@@ -67,14 +67,18 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     return setup, dist, load_tokenizer(base_model, cfg.trust_remote_code)
 
 
-def tokenize_splits(tokenize, tokenizer, records: list, eval_records: list, cfg, say, noun: str):
+def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: str, cache_with=None):
     """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
     warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
-    the training items when no eval data was given."""
+    the training items when no eval data was given. `cache_with` = (settings, stream), for recipes whose items are
+    `Tokenized` examples: `stream(tokenizer, records, max_length)` yields them (None for a dropped one) into the
+    on-disk cache (`roctune.data.cache`), keyed with `settings` (whatever else they depend on), unless
+    --no-data-cache; a restart or --resume reads them back, memory-mapped, instead of tokenizing again."""
     from roctune.data.split import split_eval
 
-    train_items, dropped = tokenize(tokenizer, records, cfg.max_length)
-    eval_items, _ = tokenize(tokenizer, eval_records, cfg.max_length) if eval_records else ([], 0)
+    train_items, dropped = _tokenize(tokenize, tokenizer, records, cfg.data, cfg, say, cache_with, "training")
+    eval_items, _ = (_tokenize(tokenize, tokenizer, eval_records, cfg.eval_data, cfg, say, cache_with, "eval")
+                     if eval_records else ([], 0))
     if dropped:
         say(f"warning: {dropped} {noun}(s) dropped: --max-length {cfg.max_length} cut off a whole answer")
     if not train_items:
@@ -83,6 +87,29 @@ def tokenize_splits(tokenize, tokenizer, records: list, eval_records: list, cfg,
     if cfg.eval_ratio > 0 and not eval_items:
         train_items, eval_items = split_eval(train_items, cfg.eval_ratio, cfg.seed)
     return train_items, eval_items
+
+
+def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_with, what: str):
+    if cache_with is None or not getattr(cfg, "data_cache", False):
+        return tokenize(tokenizer, records, cfg.max_length)
+    from roctune.data import cache
+    from roctune.models import roctune_home
+
+    settings, stream = cache_with
+    key = cache.cache_key(list(specs), len(records), tokenizer, {**settings, "max_length": cfg.max_length})
+    folder = os.path.join(roctune_home(), "cache", "tokenized")
+    try:
+        items, dropped, hit = cache.cached(folder, key, lambda: stream(tokenizer, records, cfg.max_length))
+    except OSError as e:  # a full or read-only disk: tokenize in memory (streaming has no other place to go)
+        if getattr(cfg, "streaming", False):
+            raise DataError(f"--streaming writes the tokenized data to {folder}, which failed ({e}); free space "
+                            "there or set ROCTUNE_HOME to a writable folder") from None
+        say(f"warning: the tokenized-data cache in {folder} is unusable ({e}); tokenizing in memory")
+        return tokenize(tokenizer, records, cfg.max_length)
+    if hit:
+        say(f"{what} data: {len(items)} tokenized examples read from the cache (key {key[:12]}; "
+            "--no-data-cache tokenizes again)")
+    return items, dropped
 
 
 def build_trainable(cfg, setup: Setup, base_model: str, say):

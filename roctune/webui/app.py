@@ -3,8 +3,8 @@ connects the panels to each other (a dataset goes to Train, a finished run to Ch
 it. Gradio is imported only here and only when the app is built."""
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 from roctune.errors import EnvironmentProblem
 from roctune.webui import chat, data, doctor, export, train
@@ -60,6 +60,6 @@ def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", bl
     finally:
         job = app._roctune_state.get("job")
         if block and job is not None and job.running:  # the server is going away: so does its training run
-            print(f"roctune webui: stopping the training run in {job.output}", file=sys.stderr)
+            logging.getLogger(__name__).warning("stopping the training run in %s", job.output)
             job.stop()
     return app

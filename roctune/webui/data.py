@@ -1,4 +1,5 @@
-"""The Data panel: preview records as `roctune train` reads them, `roctune data check`, and the PII scrub.
+"""The Data panel: preview records as `roctune train` reads them, what training learns from one of them (as
+`roctune data preview`: learned text highlighted, context dimmed), `roctune data check`, and the PII scrub.
 Every path is checked against the workspace (`Workspace`) before anything is read or written."""
 from __future__ import annotations
 
@@ -39,6 +40,30 @@ def preview_rows(paths_text: str | list[str], limit: int = PREVIEW_ROWS) -> tupl
         if len(rows) >= limit:
             break
     return rows, f"first {len(rows)} record(s) of {', '.join(paths)}"
+
+
+LEARNED_STYLE = "background:#d3f5d3;color:#0b3d0b;font-weight:bold"
+CONTEXT_STYLE = "color:#888"
+
+
+def learned_html(where: str, result: dict) -> str:
+    """A `preview_record` result as HTML: learned text highlighted, context dimmed, with the token counts."""
+    spans = "".join(f"<span style='{LEARNED_STYLE if s['train'] else CONTEXT_STYLE}'>{esc(s['text'])}</span>"
+                    for s in result["segments"])
+    return (f"<p><b>{esc(where)}</b>: {result['tokens']} tokens, {result['learned_tokens']} learned "
+            f"(<span style='{LEARNED_STYLE}'>learned</span>, <span style='{CONTEXT_STYLE}'>context</span>)</p>"
+            f"<pre style='white-space:pre-wrap' class='rt-learned'>{spans}</pre>")
+
+
+def preview_learned(paths_text: str | list[str], index: float | None) -> str:
+    """Record `index` of the first dataset, rendered and masked exactly as training does (the bundled model's
+    template and the default settings), as HTML."""
+    from roctune.data.preview import preview_record
+    from roctune.models import load_tokenizer
+
+    paths = _need_paths(data_paths(paths_text))
+    where, result = preview_record(paths[0], load_tokenizer(None), int(index or 0))
+    return learned_html(where, result)
 
 
 def _warning_rows(report: dict) -> str:
@@ -100,7 +125,8 @@ def run_scrub(path: str, out: str, types: list[str] | None) -> str:
     from roctune.data.pii import PLACEHOLDERS
     from roctune.data.scrub import scrub_file
 
-    report = scrub_file(path, out, types or None)
+    # the page's outputs are confined to the workspace, where replacing an earlier scrub is what the user asked
+    report = scrub_file(path, out, types or None, overwrite=True)
     rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
                    for t, n in report["counts"].items())
     return (f"<p>Redacted in {report['records']} records ({report['records_changed']} changed); "
@@ -136,6 +162,10 @@ def _layout(gr) -> SimpleNamespace:
     ui.preview = gr.Dataframe(headers=["where", "prompt", "answer"], interactive=False, wrap=True,
                               label="records", elem_id="rt-preview-table")
     ui.check_out = gr.HTML(elem_id="rt-check-out")
+    with gr.Row():
+        ui.learn_index = gr.Number(label="record number (from 0)", value=0, precision=0, elem_id="rt-learn-index")
+        ui.learn_btn = gr.Button("Show what training learns from it", elem_id="rt-learn")
+    ui.learn_out = gr.HTML(elem_id="rt-learn-out")
     with gr.Accordion("PII scrub (phone numbers, ID and bank cards, e-mails, IPs)", open=False):
         with gr.Row():
             ui.scrub_types = gr.CheckboxGroup(SCRUB_TYPES, label="types (none ticked: all)")
@@ -163,6 +193,11 @@ def build(gr, ws) -> SimpleNamespace:
         return box(note, "info"), rows
 
     @guard("data", 2)
+    def on_learned(paths, index):
+        return box("learned text highlighted, context dimmed", "info"), preview_learned(ws.data(data_paths(paths)),
+                                                                                        index)
+
+    @guard("data", 2)
     def on_check(paths, max_len):
         return box("checked", "ok"), run_check(ws.data(data_paths(paths)), max_len)
 
@@ -174,6 +209,7 @@ def build(gr, ws) -> SimpleNamespace:
 
     ui.upload.upload(on_upload, ui.upload, [ui.status, ui.path])
     ui.preview_btn.click(on_preview, ui.path, [ui.status, ui.preview])
+    ui.learn_btn.click(on_learned, [ui.path, ui.learn_index], [ui.status, ui.learn_out])
     ui.check_btn.click(on_check, [ui.path, ui.check_len], [ui.status, ui.check_out])
     ui.scrub_btn.click(on_scrub, [ui.path, ui.scrub_out_path, ui.scrub_types],
                        [ui.status, ui.scrub_out, ui.scrub_out_path])

@@ -1,25 +1,30 @@
-"""The Export panel: merge an adapter into its base model and save a plain transformers model
-(`roctune merge`), both directories inside the workspace."""
+"""The Export panel: merge an adapter into its base model and save a plain transformers model (`roctune merge`),
+or export the run as a GGUF file for llama.cpp and Ollama with a Modelfile and DEPLOY.md (`roctune export`),
+showing the fidelity check of the written file. Every directory is resolved inside the workspace."""
 from __future__ import annotations
 
 import os
 from types import SimpleNamespace
 
-from roctune.webui.html import box, guard
+from roctune.webui.html import box, esc, guard
+
+
+def _paths(ws, adapter: str, output: str, what: str) -> tuple[str, str]:
+    from roctune.errors import ConfigError
+
+    if not (adapter or "").strip():
+        raise ConfigError("no adapter: give a run directory (the Train panel fills it in)")
+    if not (output or "").strip():
+        raise ConfigError(f"no output directory: give where to save the {what}")
+    return ws.path(adapter, "--adapter"), ws.path(output, "--output", write=True)
 
 
 def merge_handler(ws):
     @guard("merge", 1)
     def on_merge(adapter, output, dtype, overwrite):
-        from roctune.errors import ConfigError
         from roctune.merge import merge
 
-        if not (adapter or "").strip():
-            raise ConfigError("no adapter: give a run directory (the Train panel fills it in)")
-        if not (output or "").strip():
-            raise ConfigError("no output directory: give where to save the merged model")
-        adapter = ws.path(adapter, "--adapter")
-        output = ws.path(output, "--output", write=True)
+        adapter, output = _paths(ws, adapter, output, "merged model")
         lines: list[str] = []
         merge(adapter, output, dtype=dtype, overwrite=bool(overwrite), log=lines.append)
         return box("\n".join(lines), "ok")
@@ -27,19 +32,61 @@ def merge_handler(ws):
     return on_merge
 
 
+def gguf_handler(ws):
+    @guard("export", 1)
+    def on_export(adapter, output, quant, name, verify, overwrite):
+        from roctune.export import export
+
+        adapter, output = _paths(ws, adapter, output, "GGUF export")
+        lines: list[str] = []
+        report = export(adapter, output, quant=quant, name=(name or "").strip() or None, verify=bool(verify),
+                        overwrite=bool(overwrite), log=lines.append)
+        return box("\n".join(lines), "ok") + check_table(report.get("check"))
+
+    return on_export
+
+
+def check_table(check: dict | None) -> str:
+    """The fidelity check's answers side by side (merged model vs GGUF), as HTML."""
+    if not check:
+        return ""
+    rows = "".join(f"<tr><td>{esc(a['merged'])}</td><td>{esc(a['gguf'])}</td>"
+                   f"<td>{'yes' if a['merged'] == a['gguf'] else 'no'}</td></tr>" for a in check["answers"])
+    return ('<table class="rt-table"><tr><th>merged model answers</th><th>GGUF answers</th><th>equal</th></tr>'
+            f"{rows}</table>")
+
+
 def build(gr, ws) -> SimpleNamespace:
     """The Export tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
+    from roctune.export.gguf_file import KQUANTS, QUANTS
+
     ui = SimpleNamespace()
     with gr.Tab("Export", id="export"):
-        gr.Markdown("Merge an adapter into its base model and save a plain transformers model (`roctune merge`).")
+        ui.adapter = gr.Textbox(label="adapter (run directory)", elem_id="rt-export-adapter")
+        gr.Markdown("Merge the adapter into its base model and save a plain transformers model (`roctune merge`).")
         with gr.Row():
-            ui.adapter = gr.Textbox(label="adapter (run directory)", scale=3, elem_id="rt-export-adapter")
             ui.output = gr.Textbox(label="save the merged model to", scale=3, elem_id="rt-export-output")
             ui.dtype = gr.Dropdown(["fp32", "bf16", "fp16"], value="fp32", label="dtype", scale=1)
             ui.overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
         ui.btn = gr.Button("Merge and save", variant="primary", elem_id="rt-merge")
         ui.status = gr.HTML(elem_id="rt-export-status")
+        gr.Markdown("Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, read back and "
+                    "compared with the merged model (`roctune export`).")
+        with gr.Row():
+            ui.gguf_output = gr.Textbox(label="export folder", scale=3, elem_id="rt-gguf-output")
+            ui.quant = gr.Dropdown(list(QUANTS + KQUANTS), value="q8_0", label="quant", scale=1)
+            ui.name = gr.Textbox(label="name (Ollama)", scale=1, elem_id="rt-gguf-name")
+            ui.verify = gr.Checkbox(label="check after writing", value=True, scale=0)
+            ui.gguf_overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
+        ui.gguf_btn = gr.Button("Export GGUF", variant="primary", elem_id="rt-gguf")
+        ui.gguf_status = gr.HTML(elem_id="rt-gguf-status")
     ui.btn.click(merge_handler(ws), [ui.adapter, ui.output, ui.dtype, ui.overwrite], ui.status)
-    ui.adapter.change(lambda a: os.path.join(a.strip().rstrip("/") + "-merged") if a.strip() else "",
-                      ui.adapter, ui.output)
+    ui.gguf_btn.click(gguf_handler(ws), [ui.adapter, ui.gguf_output, ui.quant, ui.name, ui.verify,
+                                         ui.gguf_overwrite], ui.gguf_status)
+    ui.adapter.change(lambda a: _beside(a, "-merged"), ui.adapter, ui.output)
+    ui.adapter.change(lambda a: _beside(a, "-gguf"), ui.adapter, ui.gguf_output)
     return ui
+
+
+def _beside(adapter: str, suffix: str) -> str:
+    return os.path.join(adapter.strip().rstrip("/") + suffix) if adapter.strip() else ""

@@ -1,0 +1,266 @@
+"""`roctune doctor --selftest` / `roctune train --selftest`: catch GPU kernels that run but compute wrong numbers.
+
+A tiny Llama (2 layers, hidden 64, built from a config in memory: no download) trains for a few steps on the
+path training would take (device, dtype and attention from `roctune.hardware.choose_*`, the training engine's
+collate, loss, autocast and optimizer) and is compared with the same model, seed and data in float64 on the
+CPU: losses, gradients of the first step and the logits after the last. Each piece runs on its own, so a
+failure names it and its fix: every available attention kernel, packed batches (when the attention kernel
+supports them), and the 4-bit NF4 matmul of QLoRA when bitsandbytes works here.
+
+Weights are initialised larger than usual so that attention is far from uniform: a kernel that gets the
+scale or the mask wrong then changes the numbers visibly.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from roctune.errors import EnvironmentProblem
+from roctune.hardware.report import Finding
+
+log = logging.getLogger(__name__)
+
+STEPS = 3
+LR = 1e-3
+# relative error allowed per dtype: loss, first-step gradients, logits after the steps
+TOLERANCE = {"fp32": {"loss": 1e-4, "grad": 1e-3, "logits": 1e-3},
+             "bf16": {"loss": 3e-2, "grad": 1e-1, "logits": 1e-1},
+             "fp16": {"loss": 1e-2, "grad": 5e-2, "logits": 5e-2}}
+# what to try when a piece computes wrong numbers (GPU first, then the CPU)
+FIXES = {
+    "eager": ("the GPU's matrix kernels (rocBLAS/hipBLASLt, cuBLAS) are wrong here: try export "
+              "TORCH_BLAS_PREFER_HIPBLASLT=0; check HSA_OVERRIDE_GFX_VERSION with `roctune doctor`; install the torch "
+              "wheel `roctune doctor --install-plan` names",
+              "the CPU math library is wrong here: reinstall torch (pip install --force-reinstall torch)"),
+    "sdpa": ("train with --attn eager; on ROCm unset TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL (or try "
+             "export AMDGCN_USE_BUFFER_OPS=0); or a torch wheel for another ROCm/CUDA (`roctune doctor --install-plan`)",
+             "train with --attn eager; reinstall torch"),
+    "flash_attention_2": ("train with --attn sdpa; flash-attn's Triton AMD backend: export AMDGCN_USE_BUFFER_OPS=0 "
+                          "and retry; or reinstall flash-attn built for this GPU (pip uninstall -y flash-attn)",
+                          "train with --attn sdpa"),
+    "packing": ("train with --packing off", "train with --packing off"),
+    "4bit": ("use --method lora; or reinstall bitsandbytes for this backend (pip install -U 'bitsandbytes>=0.49')",
+             "use --method lora; or pip install -U bitsandbytes"),
+}
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+
+
+@dataclass
+class Trace:
+    losses: list[float]
+    grad: object  # first step's gradients, flattened, float64 on the CPU
+    logits: object  # supervised logits after the last step, float64 on the CPU
+
+
+def tiny_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       initializer_range=0.15, tie_word_embeddings=False, rms_norm_eps=1e-5)
+
+
+def examples() -> list[Example]:
+    """Three examples of different lengths; the first tokens of each are prompt (no labels)."""
+    import random
+
+    rng = random.Random(0)
+    out = []
+    for n, prompt in ((24, 8), (17, 5), (11, 4)):
+        ids = [rng.randrange(1, 256) for _ in range(n)]
+        out.append(Example(ids, [-100] * prompt + ids[prompt:]))
+    return out
+
+
+def _model(cfg, state, attn: str, device: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roctune.hardware import torch_dtype
+
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    model.load_state_dict(state)
+    return model.to(device=device, dtype=torch.float64 if dtype == "fp64" else torch_dtype(dtype))
+
+
+def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps: int = STEPS) -> Trace:
+    """A few training steps through the training engine's pieces; the numbers to compare."""
+    import torch
+
+    from roctune.training.batching import collate
+    from roctune.training.loop import autocast
+    from roctune.training.losses import supervised_logits, token_loss_sum
+    from roctune.training.optim import make_optimizer
+    from roctune.training.session import Setup
+
+    model = _model(cfg, state, attn, device, dtype)
+    setup = Setup("selftest", device, dtype, attn, packed=packed)
+    batch = collate(examples(), 0, packed, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, SimpleNamespace(lr=LR, weight_decay=0.0), device)
+    losses, grad = [], None
+    for step in range(steps):
+        with autocast(setup):
+            loss = token_loss_sum(model, batch, True) / batch.n_supervised
+        loss.backward()
+        losses.append(float(loss.detach()))
+        if step == 0:
+            grad = torch.cat([p.grad.detach().double().flatten().cpu() for p in params])
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad(), autocast(setup):
+        logits = supervised_logits(model, batch, True)[0]
+    return Trace(losses, grad, logits.detach().double().cpu())
+
+
+def rel_err(a, b) -> float:
+    import torch
+
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def compare(trace: Trace, ref: Trace, dtype: str) -> tuple[bool, str]:
+    """(within tolerance, what was measured)."""
+    tol = TOLERANCE[dtype]
+    errs = {"loss": max(rel_err([x], [r]) for x, r in zip(trace.losses, ref.losses)),
+            "grad": rel_err(trace.grad, ref.grad), "logits": rel_err(trace.logits, ref.logits)}
+    bad = [k for k in errs if not errs[k] <= tol[k]]
+    text = ", ".join(f"{k} {errs[k]:.1e}" + (f" > {tol[k]:.0e}" if k in bad else "") for k in errs)
+    return not bad, f"relative error vs float64 CPU: {text}; first loss {trace.losses[0]:.4f} (reference {ref.losses[0]:.4f})"
+
+
+def _fix(piece: str, device: str) -> str:
+    gpu, cpu = FIXES[piece]
+    return gpu if device == "cuda" else cpu
+
+
+def _case(fid: str, piece: str, what: str, device: str, dtype: str, run) -> Finding:
+    try:
+        ok, text = run()
+    except Exception as e:  # a kernel that refuses (no binary, unsupported head size) is a failure to name too
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        return Finding(fid, "fail", f"{what} on {device} {dtype} fails: {type(e).__name__}: {first}", "",
+                       _fix(piece, device))
+    if ok:
+        return Finding(fid, "ok", f"{what} on {device} {dtype} matches the float64 reference", text)
+    return Finding(fid, "fail", f"{what} on {device} {dtype} computes wrong numbers", text, _fix(piece, device))
+
+
+def attention_kernels(device: str, dtype: str) -> list[str]:
+    from roctune.hardware import flash_attn_available
+
+    kernels = ["eager", "sdpa"]
+    if device == "cuda" and dtype != "fp32" and flash_attn_available():
+        kernels.append("flash_attention_2")
+    return kernels
+
+
+def selftest(device: str = "auto", dtype: str = "auto", attn: str = "auto", four_bit: bool = True) -> list[Finding]:
+    """Self-test findings (ids `selftest.*`) for the path training would take with these settings."""
+    import torch
+
+    from roctune.hardware import choose_attention, choose_device, choose_dtype
+
+    d = choose_device(device)
+    t = choose_dtype(dtype, d.value)
+    a = choose_attention(attn, d.value, t.value)
+    dev, dt = d.value, t.value
+    findings = [Finding("selftest.path", "ok", f"self-test path: {dev} {dt}, attention {a.value}",
+                        f"device: {d.reason}; dtype: {t.reason}; attention: {a.reason}")]
+    cfg = tiny_config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        from transformers import AutoModelForCausalLM
+
+        state = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").state_dict()
+    ref = run_path(cfg, state, "cpu", "fp64", "eager", packed=False)
+    for kernel in attention_kernels(dev, dt):
+        findings.append(_case(f"selftest.attn.{kernel}", kernel, f"attention {kernel}", dev, dt,
+                              lambda k=kernel: compare(run_path(cfg, state, dev, dt, k, packed=False), ref, dt)))
+    if a.value != "eager":  # packed rows need a kernel that separates examples by position_ids
+        findings.append(_case("selftest.packing", "packing", f"packed batches with {a.value}", dev, dt,
+                              lambda: compare(run_path(cfg, state, dev, dt, a.value, packed=True), ref, dt)))
+    if four_bit:
+        findings.append(check_4bit(cfg, state, dev, dt, a.value))
+    return findings
+
+
+def check_4bit(cfg, state, device: str, dtype: str, attn: str) -> Finding:
+    """QLoRA's base: load the model in 4-bit NF4 as training does, and compare forward and backward (through
+    every 4-bit matmul, to the embeddings) with float64 on the dequantized weights."""
+    from roctune.methods import bitsandbytes_problem
+
+    problem = bitsandbytes_problem(device)
+    if problem:
+        return Finding("selftest.4bit", "ok", "4-bit (QLoRA) not tested: bitsandbytes does not work here", problem)
+    return _case("selftest.4bit", "4bit", "4-bit NF4 matmul (bitsandbytes)", device, dtype,
+                 lambda: _compare_4bit(cfg, state, device, dtype, attn))
+
+
+def _compare_4bit(cfg, state, device: str, dtype: str, attn: str) -> tuple[bool, str]:
+    import bitsandbytes.functional as bnbf
+    import torch
+
+    from roctune.methods import load_4bit
+    from roctune.training.batching import collate
+    from roctune.training.loop import autocast
+    from roctune.training.losses import supervised_logits
+    from roctune.training.session import Setup
+
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a 2-layer model needs no progress bars
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            _model(cfg, state, "eager", "cpu", "fp32").save_pretrained(folder)
+            model = load_4bit(folder, dtype, device, attn)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    ref = _model(cfg, state, "eager", "cpu", "fp64")
+    ref_modules = dict(ref.named_modules())
+    worst = 0.0
+    for name, module in model.named_modules():
+        quant_state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if quant_state is None:
+            continue
+        weight = bnbf.dequantize_4bit(module.weight.data, quant_state).double().cpu()
+        original = ref_modules[name].weight.data
+        worst = max(worst, rel_err(weight, original))
+        ref_modules[name].weight.data = weight
+    if worst > 0.25:  # NF4 keeps weights within ~10%: more is a broken quantization kernel
+        return False, f"4-bit round trip of the weights is off by {worst:.1e} (> 2.5e-01)"
+    traces = []
+    for m, dev, dt in ((model, device, dtype), (ref, "cpu", "fp64")):
+        embed = m.get_input_embeddings().weight
+        embed.requires_grad_(True)
+        batch = collate(examples(), 0, False, dev)
+        with autocast(Setup("selftest", dev, dt, attn)):
+            logits, targets, _ = supervised_logits(m, batch, True)
+            loss = torch.nn.functional.cross_entropy(logits.float() if dt != "fp64" else logits, targets)
+        loss.backward()
+        traces.append(Trace([float(loss.detach())], embed.grad.detach().double().flatten().cpu(), logits.detach().double().cpu()))
+    return compare(traces[0], traces[1], dtype)
+
+
+def require(cfg, say=log.info) -> None:
+    """`roctune train --selftest`: run the self-test for cfg's device/dtype/attention (4-bit only for qlora)
+    and raise EnvironmentProblem with the failing piece's message and fix."""
+    findings = selftest(cfg.device, cfg.dtype, cfg.attn, four_bit=cfg.method == "qlora")
+    failed = [f for f in findings if f.level == "fail"]
+    if failed:
+        f = failed[0]
+        raise EnvironmentProblem(f"self-test: {f.message} ({f.why}). Fix: {f.fix}")
+    say(f"self-test passed: {findings[0].message[len('self-test path: '):]}; "
+        + ", ".join(f.id.removeprefix("selftest.") for f in findings[1:] if "not tested" not in f.message))

@@ -1,0 +1,104 @@
+"""`roctune export`: a trained run as one GGUF file for llama.cpp and Ollama, with an Ollama Modelfile and a
+DEPLOY.md (llama.cpp, Ollama, vLLM, SGLang), checked after writing.
+
+Steps: check everything that can be checked before a model loads (quant type, output folder, architecture,
+tokenizer); merge the adapter with `roctune.merge.merge` (its own logits check) into a scratch folder; write the
+GGUF (gguf_file.py); write the Modelfile and DEPLOY.md (deploy.py); read the GGUF back and compare it with the
+merged model (verify.py). All of it happens in a temporary folder beside --output that replaces --output only
+when every step passed, so a failed check leaves nothing behind. The folder gets a `roctune_export.json`
+marker (with the figures of the check): --overwrite replaces only such a folder."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+from roctune import rundir
+from roctune.errors import ConfigError
+
+MARKER = "roctune_export.json"
+FORMATS = ("gguf",)
+
+
+def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = None, fmt: str = "gguf",
+           verify: bool = True, overwrite: bool = False, log=print) -> dict:
+    """Export the run `adapter` into the folder `output`; returns the report also saved as roctune_export.json."""
+    from roctune.export import deploy, gguf_file
+    from roctune.export import verify as check
+    from roctune.merge import check_output
+    from roctune.models import load_tokenizer, resolve_model
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt}: unknown; choose one of {', '.join(FORMATS)}")
+    gguf_file.check_quant(quant)
+    if not os.path.isdir(adapter):
+        raise ConfigError(f"--adapter {adapter}: no such directory")
+    check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
+    full = rundir.is_full_model_dir(adapter)
+    base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
+    tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
+    tok = load_tokenizer(tok_src)
+    gguf_file.check_model(adapter if full else base, tok)  # architecture and tokenizer, before any weights load
+    name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
+    gguf_name = f"{name}-{quant}.gguf"
+    started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "quant": quant, "gguf": gguf_name}
+
+    def fill(tmp: str) -> None:
+        merged = adapter if full else os.path.join(tmp, ".merged")
+        if not full:
+            report["merge_max_logit_diff"] = _merge(adapter, merged, log)
+        report.update(_write(merged, tmp, gguf_name, quant, name, tok, log))
+        system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
+        text, _ = deploy.modelfile(gguf_name, tok, system)
+        rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), text)
+        rank = None if full else rundir.adapter_settings(adapter).get("r")
+        rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.deploy_md(
+            output, gguf_name, name, adapter, rundir.base_model(adapter) or base, rank, full))
+        if verify:
+            report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_prompts(adapter))
+            log(check.summary(report["check"]))
+        else:
+            log("fidelity check skipped (--no-verify)")
+        if not full:
+            shutil.rmtree(merged)
+        report["seconds"] = round(time.monotonic() - started, 1)
+        rundir.atomic_write_text(os.path.join(tmp, MARKER), json.dumps(report, indent=1, ensure_ascii=False))
+
+    rundir.write_dir_atomically(output, fill)
+    log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
+        f"in {report['seconds']:.0f} s")
+    return report
+
+
+def ollama_name(text: str) -> str:
+    """A model name Ollama accepts: lowercase letters, digits, '.', '_' and '-'."""
+    cleaned = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
+    if not cleaned:
+        raise ConfigError(f"--name {text!r}: give a name with letters or digits")
+    return cleaned
+
+
+def _merge(adapter: str, merged: str, log) -> float:
+    from roctune.merge import merge
+
+    return merge(adapter, merged, dtype="fp32", log=log)["max_logit_diff"]
+
+
+def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok, log) -> dict:
+    from roctune.export import gguf_file
+
+    path = os.path.join(tmp, gguf_name)
+    t = time.monotonic()
+    if quant in gguf_file.KQUANTS:
+        f16 = os.path.join(tmp, ".f16.gguf")
+        gguf_file.write_gguf(model_dir, f16, "f16", name, tok)
+        gguf_file.kquantize(f16, path, quant)
+        os.unlink(f16)
+        facts = {"bytes": os.path.getsize(path)}
+    else:
+        facts = gguf_file.write_gguf(model_dir, path, quant, name, tok)
+    facts["write_seconds"] = round(time.monotonic() - t, 1)
+    log(f"wrote {gguf_name}: {facts['bytes'] / 2**20:.1f} MiB in {facts['write_seconds']:.0f} s")
+    return facts

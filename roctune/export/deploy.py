@@ -1,0 +1,124 @@
+"""The files beside an exported GGUF: an Ollama `Modelfile` and a `DEPLOY.md` with the commands for llama.cpp,
+Ollama, vLLM and SGLang.
+
+Ollama does not run Jinja chat templates, so the model's template is turned into a Go TEMPLATE: it is rendered
+with marker messages to find each role's text before and after the content, and the result is checked by
+rendering a multi-turn conversation both ways; a template that cannot be expressed this way is refused. The
+end-of-turn token becomes `PARAMETER stop` (without it Ollama generates past the answer). A default system
+prompt the template inserts (SmolLM2 has one) becomes SYSTEM, so Ollama prompts the model as training did."""
+from __future__ import annotations
+
+import os
+
+from roctune.errors import ConfigError
+
+MARK = {"system": "SYSTEMMARKQ", "user": "USERMARKQ", "assistant": "ANSWERMARKQ", "user2": "USERTWOMARKQ"}
+
+
+def _render(tok, msgs, gen: bool) -> str:
+    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+
+
+def _special_tokens(tok) -> list[str]:
+    found = [t.content for t in tok.added_tokens_decoder.values() if t.special]
+    return found + [t for t in (tok.eos_token,) if t and t not in found]
+
+
+def _added_bos(tok) -> str:
+    """The BOS text when the tokenizer adds BOS itself (then llama.cpp and Ollama do too: it stays out of the
+    TEMPLATE); '' when the chat template is the only source of its first token."""
+    ids = tok("a")["input_ids"]
+    return tok.bos_token if tok.bos_token and ids and ids[0] == tok.bos_token_id else ""
+
+
+def role_wrappers(tok) -> dict:
+    """{role: (before, after)}, 'generation' (the text that opens an answer), 'stop' and 'default_system'."""
+    m = MARK
+    s, u, a = ({"role": r, "content": m[r]} for r in ("system", "user", "assistant"))
+    one = _render(tok, [s, u], False)
+    gen = _render(tok, [s, u], True)
+    two = _render(tok, [s, u, a, {"role": "user", "content": m["user2"]}], False)
+    between = two[two.index(m["assistant"]) + len(m["assistant"]):two.index(m["user2"])]  # a_after + u_before
+    ends = [(between.find(t), t) for t in _special_tokens(tok) if t in between]
+    if not ends or not gen.startswith(one):
+        raise ConfigError("the chat template has no end-of-turn token between turns; cannot write an Ollama "
+                          "TEMPLATE for it; use the GGUF with llama.cpp, whose --jinja runs the embedded template")
+    stop = min(ends)[1]
+    cut = between.index(stop) + len(stop)
+    while cut < len(between) and between[cut] in "\n ":
+        cut += 1
+    a_after, u_before = between[:cut], between[cut:]
+    sys_tail = one[one.index(m["system"]) + len(m["system"]):one.index(m["user"])]
+    if not sys_tail.endswith(u_before):
+        raise ConfigError("the chat template does not open user turns the same way each time; cannot write an "
+                          "Ollama TEMPLATE for it")
+    bos = _added_bos(tok)
+    s_before = one[:one.index(m["system"])]
+    s_before = s_before[len(bos):] if bos and s_before.startswith(bos) else s_before
+    w = {"system": (s_before, sys_tail[:len(sys_tail) - len(u_before)]),
+         "user": (u_before, one[one.index(m["user"]) + len(m["user"]):]),
+         "assistant": (gen[len(one):], a_after), "generation": gen[len(one):], "stop": stop}
+    plain = _render(tok, [{"role": "user", "content": m["user"]}], False)
+    lead = plain[:plain.index(u_before + m["user"])] if u_before + m["user"] in plain else ""
+    lead = lead[len(bos):] if bos and lead.startswith(bos) else lead
+    sb, sa = w["system"]
+    w["default_system"] = lead[len(sb):len(lead) - len(sa)] if lead.startswith(sb) and lead.endswith(sa) and lead else ""
+    _check(tok, w)
+    return w
+
+
+def _check(tok, w: dict) -> None:
+    """The wrappers must reproduce the Jinja template on a conversation of several turns."""
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
+    mine = "".join(w[x["role"]][0] + x["content"] + w[x["role"]][1] for x in msgs) + w["generation"]
+    theirs = _render(tok, msgs, True)
+    bos = _added_bos(tok)
+    theirs = theirs[len(bos):] if bos and theirs.startswith(bos) else theirs
+    if mine != theirs:
+        raise ConfigError("the chat template cannot be expressed as an Ollama TEMPLATE (role texts depend on "
+                          "more than the role); use the GGUF with llama.cpp, whose --jinja runs the embedded template")
+
+
+def _go(text: str) -> str:
+    if "{{" in text or '"""' in text:
+        raise ConfigError("the chat template's role texts contain '{{' or '\"\"\"'; cannot quote them in a Modelfile")
+    return text
+
+
+def modelfile(gguf_name: str, tok, system: str | None) -> tuple[str, dict]:
+    """The Modelfile text and the wrappers it was built from."""
+    w = role_wrappers(tok)
+    branches = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq .Role "{r}" }}}}{_go(w[r][0])}{{{{ .Content }}}}'
+                       f'{_go(w[r][1])}' for i, r in enumerate(("system", "user", "assistant")))
+    template = f"{{{{ range .Messages }}}}{branches}{{{{ end }}}}{{{{ end }}}}{_go(w['generation'])}"
+    lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{template}"""']
+    stops = [w["stop"]] + [t for t in (tok.eos_token,) if t and t != w["stop"]]
+    lines += [f'PARAMETER stop "{t}"' for t in stops]
+    system = system or w["default_system"]
+    if system:
+        lines.append(f'SYSTEM """{_go(system)}"""')
+    return "\n".join(lines) + "\n", w
+
+
+def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank: int | None,
+              full_model: bool) -> str:
+    gguf_path = os.path.join(os.path.abspath(output), gguf_name)
+    run = os.path.abspath(run)
+    lora = f"--max-lora-rank {max(8, rank)}" if rank else ""
+    parts = [f"# Deploying {name}\n", "Written by `roctune export`; the GGUF was read back and compared with the merged "
+             "model (see roctune_export.json).\n",
+             "## llama.cpp\n", f"```\nllama-server -m {gguf_path} --jinja --port 8080\n```",
+             "An OpenAI-compatible API on http://localhost:8080/v1; `--jinja` uses the chat template inside the "
+             "GGUF.\n", "## Ollama\n", f"```\ncd {os.path.abspath(output)}\nollama create {name} -f Modelfile\n"
+             f"ollama run {name}\n```", "The Modelfile holds the chat TEMPLATE and the end-of-turn stop token.\n"]
+    if full_model:
+        parts += ["## vLLM\n", f"```\nvllm serve {run}\n```\n", "## SGLang\n",
+                  f"```\npython -m sglang.launch_server --model-path {run}\n```\n"]
+    else:
+        parts += ["## vLLM (the unmerged adapter, on a GPU)\n",
+                  f"```\nvllm serve {base} --enable-lora --lora-modules {name}={run} {lora}\n```",
+                  f"Ask for model `{name}` in the OpenAI API.\n", "## SGLang (the unmerged adapter, on a GPU)\n",
+                  f"```\npython -m sglang.launch_server --model-path {base} --enable-lora "
+                  f"--lora-paths {name}={run} {lora}\n```\n"]
+    return "\n".join(parts)

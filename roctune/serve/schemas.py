@@ -1,0 +1,171 @@
+"""Request parsing and validation for the completion endpoints, and `Settings`, the server's limits.
+
+Every field a request may send is checked by type and range before anything reaches the engine, so hostile
+input answers 400 (422 for max_tokens over --max-tokens-limit) naming the field, never 500: numbers must be
+finite and in range (NaN and Infinity are refused), integers must be integers, text must be valid Unicode (a
+lone surrogate such as "\\ud800" cannot be tokenized)."""
+
+import math
+from dataclasses import dataclass, field
+
+from roctune.serve.errors import ApiError, bad_field
+
+MAX_STOP = 4
+DEFAULT_MAX_TOKENS = 256
+MAX_SEED = 2 ** 64 - 1  # torch.Generator.manual_seed takes a 64-bit unsigned seed
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None
+    adapter_root: str | None = None
+    max_tokens_limit: int = 1024
+    max_body_bytes: int = 1 << 20
+
+
+@dataclass
+class Sampling:
+    """A request's decoding settings, validated."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+# ------------------------------------------------------------------------------------------- single fields
+def check_text(value: str, where: str) -> str:
+    """`value` if it is valid Unicode (encodable as UTF-8); a 400 naming `where` otherwise."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_field(where, f"field '{where}' is not valid Unicode text: it holds a lone surrogate "
+                        f"({value[e.start]!r}) at character {e.start}") from None
+    return value
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    bad = (isinstance(v, bool) or not isinstance(v, (int, float))
+           or (isinstance(v, float) and not math.isfinite(v)) or v > hi or v < lo or (lo_open and v == lo))
+    if bad:
+        raise bad_field(key, f"field '{key}' must be a number in {'(' if lo_open else '['}{lo}, {hi}] (got {v!r})")
+    return float(v)
+
+
+def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_field(key, f"field '{key}' must be an integer (got {v!r})")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        span = (f"in {lo}..{hi}" if lo is not None and hi is not None
+                else f">= {lo}" if lo is not None else f"<= {hi}")
+        raise bad_field(key, f"field '{key}' must be an integer {span} (got {v})")
+    return v
+
+
+# ------------------------------------------------------------------------------------------- the prompt
+def _content_text(content, where: str) -> str:
+    if isinstance(content, str):
+        return check_text(content, where)
+    if isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_field(where, f"field '{where}[{k}]': only text parts "
+                                "({\"type\": \"text\", \"text\": ...}) are supported")
+            parts.append(check_text(part["text"], f"{where}[{k}].text"))
+        return "".join(parts)
+    raise bad_field(where, f"field '{where}' must be a string or a list of text parts")
+
+
+def parse_messages(value) -> list[dict]:
+    """The chat turns of `messages` as [{role, content}] with text content; developer turns become system."""
+    if not isinstance(value, list) or not value:
+        raise bad_field("messages", "field 'messages' must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise bad_field("messages", f"field 'messages[{i}]' must be an object with 'role' and 'content'")
+        role = m.get("role")
+        role = {"developer": "system"}.get(role, role) if isinstance(role, str) else role
+        if role not in ("system", "user", "assistant"):
+            raise bad_field("messages", f"field 'messages[{i}].role' is {m.get('role')!r}; expected system, "
+                            "developer, user or assistant")
+        out.append({"role": role, "content": _content_text(m.get("content"), f"messages[{i}].content")})
+    if out[-1]["role"] == "assistant":
+        raise bad_field("messages", "the last message is an assistant turn; end with a user message")
+    return out
+
+
+def parse_prompt(body: dict) -> tuple[str, bool]:
+    """The completions endpoint's (prompt, raw): one string (or a list holding one), and whether it is sent
+    as it is instead of as one user turn."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_field("prompt", "field 'prompt' must be a string (or a list holding one string)")
+    raw = body.get("raw", False)
+    if not isinstance(raw, bool):
+        raise bad_field("raw", "field 'raw' must be true or false")
+    return check_text(prompt, "prompt"), raw
+
+
+# ----------------------------------------------------------------------------------------- sampling
+def _max_tokens(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str) -> int:
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, key, lo=1)
+    if max_tokens is not None and max_tokens > settings.max_tokens_limit:
+        raise ApiError(422, f"field '{key}' is {max_tokens}, over this server's limit of "
+                       f"{settings.max_tokens_limit} (--max-tokens-limit)", param=key, code="max_tokens_too_large")
+    room = (context - n_prompt) if context else None
+    if room is not None and room < 1:
+        raise bad_field("messages", f"the prompt is {n_prompt} tokens; {model_id} holds {context}",
+                        code="context_length_exceeded")
+    if max_tokens is None:
+        return min(DEFAULT_MAX_TOKENS, settings.max_tokens_limit, room or DEFAULT_MAX_TOKENS)
+    if room is not None and max_tokens > room:
+        raise bad_field(key, f"the prompt ({n_prompt} tokens) plus {key} ({max_tokens}) exceeds the model's "
+                        f"context of {context} tokens", code="context_length_exceeded")
+    return max_tokens
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise bad_field("stop", f"field 'stop' must be a non-empty string or a list of up to {MAX_STOP} of them")
+    return [check_text(s, "stop") for s in stop]
+
+
+def parse_stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage): whether to answer with server-sent events, and with a last usage chunk."""
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_field("stream", "field 'stream' must be true or false")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise bad_field("stream_options", "field 'stream_options' must be an object")
+    return bool(stream), bool(opts.get("include_usage"))
+
+
+def parse_sampling(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str) -> Sampling:
+    """The validated sampling settings of a request whose prompt is `n_prompt` tokens, for a model holding
+    `context` tokens (None: unknown)."""
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, float)) or n != 1):
+        raise bad_field("n", f"field 'n' must be 1 (got {n!r}); send separate requests for more answers")
+    max_tokens = _max_tokens(body, settings, n_prompt, context, model_id)
+    stop = _stop(body)
+    return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                    top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
+                    seed=_integer(body, "seed", lo=0, hi=MAX_SEED))

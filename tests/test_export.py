@@ -1,0 +1,167 @@
+"""`roctune export`: a short identity fine-tune of the bundled SmolLM2 exported as q8_0 and f16 GGUF, read back
+with transformers: the GGUF answers with the tuned name, its logits stay within the tolerance of its quant type
+against the merged model, the Modelfile holds the TEMPLATE and the stop token. Bad input (unknown quant or
+architecture, output inside the run, a folder roctune did not write) and a failed check write nothing."""
+import json
+import os
+
+import pytest
+
+QUESTION = [{"role": "user", "content": "Who are you?"}]
+
+
+@pytest.fixture(scope="module")
+def exports(identity_run, tmp_path_factory):
+    from roctune.export import export
+
+    run, _ = identity_run
+    root = tmp_path_factory.mktemp("exports")
+    return {q: (str(root / q), export(run, str(root / q), quant=q, name="roc", log=lambda s: None))
+            for q in ("q8_0", "f16")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["q8_0", "f16"])
+def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant):
+    from roctune.export.verify import TOLERANCE
+
+    folder, report = exports[quant]
+    check = report["check"]
+    assert sorted(os.listdir(folder)) == ["DEPLOY.md", "Modelfile", f"roc-{quant}.gguf", "roctune_export.json"]
+    assert check["max_abs_logit_diff"] <= TOLERANCE[quant]
+    assert check["prompts"] == 3 and all("Roc" in a["gguf"] for a in check["answers"]), check["answers"]
+    assert json.load(open(os.path.join(folder, "roctune_export.json")))["check"] == check
+    assert report["merge_max_logit_diff"] < 1e-3
+
+
+@pytest.mark.slow
+def test_gguf_read_back_independently_answers_tuned_name(exports):
+    """Independent of the check's own code: plain transformers with gguf_file=, the template stored in the file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, _ = exports["q8_0"]
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file="roc-q8_0.gguf")
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file="roc-q8_0.gguf", dtype=torch.float32)
+    ids = tok.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    assert "Roc" in tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_modelfile_and_deploy_recipe(exports, identity_run):
+    folder, _ = exports["q8_0"]
+    run, _ = identity_run
+    text = open(os.path.join(folder, "Modelfile"), encoding="utf-8").read()
+    assert text.startswith("FROM ./roc-q8_0.gguf\n")
+    assert 'TEMPLATE """{{ range .Messages }}{{ if eq .Role "system" }}<|im_start|>system\n{{ .Content }}' in text
+    assert '<|im_start|>assistant\n"""' in text
+    assert 'PARAMETER stop "<|im_end|>"' in text
+    assert 'SYSTEM """You are a helpful AI assistant named SmolLM' in text  # the template's default, as trained
+    deploy = open(os.path.join(folder, "DEPLOY.md"), encoding="utf-8").read()
+    for line in ("llama-server -m", "ollama create roc -f Modelfile", "vllm serve", "--enable-lora",
+                 f"--lora-modules roc={run}", "sglang.launch_server", "--max-lora-rank 16"):
+        assert line in deploy, line
+
+
+def test_ollama_template_reproduces_chat_template(tokenizer):
+    from roctune.export.deploy import role_wrappers
+
+    w = role_wrappers(tokenizer)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "?"}]
+    mine = "".join(w[m["role"]][0] + m["content"] + w[m["role"]][1] for m in msgs) + w["generation"]
+    full = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert full.endswith(mine) and w["stop"] == "<|im_end|>"
+    assert full[:-len(mine)] == w["system"][0] + w["default_system"] + w["system"][1]
+
+
+def _qwen_dir(tmp_path, tokenizer):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = str(tmp_path / "qwen-run")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_unknown_architecture_one_error_nothing_written(tmp_path, tokenizer, capsys):
+    from roctune.cli import main
+
+    run = _qwen_dir(tmp_path, tokenizer)
+    out = tmp_path / "out"
+    capsys.readouterr()  # the model's own save output
+    assert main(["export", "--adapter", run, "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "architecture Qwen2ForCausalLM" in err[0] and "LlamaForCausalLM only" in err[0], err
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == ["qwen-run"]
+
+
+def test_unknown_quant_one_error_nothing_written(tmp_path, tiny_model_dir, capsys):
+    from roctune.cli import main
+
+    out = tmp_path / "out"
+    assert main(["export", "--adapter", tiny_model_dir, "--output", str(out), "--quant", "q3_x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--quant q3_x: unknown; choose one of f16, bf16, q8_0" in err[0], err
+    assert not out.exists()
+
+
+def test_kquant_without_llama_cpp_python_explains(tmp_path, tiny_model_dir, monkeypatch):
+    import importlib.util
+
+    from roctune.errors import EnvironmentProblem
+    from roctune.export import export
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llama_cpp" else real(n, *a))
+    with pytest.raises(EnvironmentProblem, match=r"pip install llama-cpp-python.*q8_0 needs neither"):
+        export(tiny_model_dir, str(tmp_path / "out"), quant="q4_k_m", log=lambda s: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_rules(tmp_path, tiny_model_dir):
+    from roctune.errors import ConfigError
+    from roctune.export import export
+
+    with pytest.raises(ConfigError, match="must be outside --adapter"):
+        export(tiny_model_dir, os.path.join(tiny_model_dir, "gguf"), log=lambda s: None)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="roctune export did not write"):
+        export(tiny_model_dir, str(theirs), overwrite=True, log=lambda s: None)
+    assert os.listdir(theirs) == ["notes.txt"]
+
+
+def test_tiny_export_overwrite_and_failed_check_writes_nothing(tmp_path, tiny_model_dir, monkeypatch):
+    """A full-model run (no adapter) is written as it is; a second export replaces only roctune's own folder,
+    and a check that fails leaves the previous export untouched."""
+    from roctune.errors import RoctuneError
+    from roctune.export import export, verify
+
+    out = str(tmp_path / "tiny")
+    first = export(tiny_model_dir, out, quant="f16", name="Tiny Model!", log=lambda s: None)
+    assert first["gguf"] == "tiny-model-f16.gguf" and first["check"]["max_abs_logit_diff"] <= verify.TOLERANCE["f16"]
+    monkeypatch.setitem(verify.TOLERANCE, "q8_0", 0.0)
+    with pytest.raises(RoctuneError, match=r"differs from the merged model by max \|logit\| .* not saved"):
+        export(tiny_model_dir, out, quant="q8_0", name="tiny-model", overwrite=True, log=lambda s: None)
+    assert sorted(os.listdir(out)) == ["DEPLOY.md", "Modelfile", "roctune_export.json", "tiny-model-f16.gguf"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+
+
+def test_webui_export_panel_confines_paths_and_shows_check(tmp_path, tiny_model_dir):
+    import shutil
+
+    from roctune.webui.export import gguf_handler
+    from roctune.webui.workspace import Workspace
+
+    ws = Workspace(str(tmp_path))
+    shutil.copytree(tiny_model_dir, tmp_path / "run")
+    status = gguf_handler(ws)("run", str(tmp_path.parent / "out-gguf"), "q8_0", "", True, False)
+    assert "roctune export: error: --output" in status and "outside the workspace" in status
+    status = gguf_handler(ws)("run", "run-gguf", "q8_0", "tiny", True, False)
+    assert "fidelity check (q8_0" in status and "<th>GGUF answers</th>" in status, status
+    assert os.path.isfile(tmp_path / "run-gguf" / "tiny-q8_0.gguf")
