@@ -268,6 +268,14 @@ CASES = {
         ("output-read-only", "eval --adapter no_weights --data d.jsonl --output RO/rep", "RO"),
         ("adapter-missing-weights", "eval --adapter no_weights --data d.jsonl", "adapter_model.safetensors"),
     ],
+    "export": [
+        ("adapter-missing", "export --adapter nowhere --output outdir/e", "--adapter nowhere"),
+        ("unknown-quant", "export --adapter truncated --output outdir/e --quant q3_x", "--quant"),
+        ("unknown-format", "export --adapter truncated --output outdir/e --format onnx", "--format"),
+        ("output-is-adapter", "export --adapter truncated --output truncated --overwrite", "--output truncated"),
+        ("overwrite-foreign-folder", "export --adapter truncated --output outdir --overwrite", "--output outdir"),
+        ("output-under-file", "export --adapter truncated --output afile/e", "afile"),
+    ],
     "merge": [
         ("adapter-missing", "merge --adapter nowhere --output outdir/m", "--adapter nowhere"),
         ("output-is-adapter", "merge --adapter truncated --output truncated --overwrite", "--output truncated"),
