@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from roctune.errors import DataError, RoctuneError
 
@@ -96,7 +97,10 @@ def run(args) -> int:
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
     tuned, base = [], []
-    for s in range(0, len(convs), args.batch_size):
+    from roctune.training.progress import counted
+
+    for s in counted(range(0, len(convs), args.batch_size), "generating batch",
+                     lambda line: print(line, file=sys.stderr)):
         chunk = convs[s:s + args.batch_size]
         tuned += generate(loaded, chunk, **kw)
         if args.compare:

@@ -59,7 +59,7 @@ def evaluate(opts: Options, records: list, max_length: int, tasks, say) -> dict:
         raise DataError(f"no record keeps an answer within --max-length {max_length}; raise --max-length")
     say(f"scoring {len(items)} records with the fine-tuned model ({tuned.base_model} + {opts.adapter})")
     args = (opts.max_new_tokens, opts.batch_size)
-    tuned_sum, tuned_rows = scoring.score_side(tuned, items, True, *args)
+    tuned_sum, tuned_rows = scoring.score_side(tuned, items, True, *args, say)
     say("scoring the same records with the base model")
     if tuned.adapter is not None:  # a PEFT adapter: the base is the same model with the adapter switched off
         base, base_name = tuned, tuned.base_model
@@ -68,7 +68,7 @@ def evaluate(opts: Options, records: list, max_length: int, tasks, say) -> dict:
         del tuned
         gc.collect()
         base = load_for_inference(None, base_name, **kw)
-    base_sum, base_rows = scoring.score_side(base, items, False, *args)
+    base_sum, base_rows = scoring.score_side(base, items, False, *args, say)
     result = {"n": len(items), "base": base_sum, "tuned": tuned_sum}
     if tasks:
         result["tasks"] = _tasks(opts, tasks, base_name, say)

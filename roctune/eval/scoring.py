@@ -58,37 +58,41 @@ def _autocast(loaded):
     return autocast(Setup(loaded.base_model, loaded.device, dtype, "sdpa"))
 
 
-def losses(loaded, items: list[Case], use_adapter: bool) -> list[tuple[float, int]]:
+def losses(loaded, items: list[Case], use_adapter: bool, say=log.info) -> list[tuple[float, int]]:
     """(summed token loss, supervised tokens) of each case."""
     import torch
 
     from roctune.training.batching import collate, supervised_count
+    from roctune.training.progress import counted
     from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
 
     fast = supports_hidden_state_loss(loaded.model)
     pad = loaded.tokenizer.pad_token_id
     out = []
     with _adapter(loaded, use_adapter), torch.no_grad(), _autocast(loaded):
-        for c in items:
+        for c in counted(items, f"scoring ({'tuned' if use_adapter else 'base'}) record", say):
             batch = collate([c.tokens], pad, False, loaded.device)
             out.append((float(token_loss_sum(loaded.model, batch, fast)), supervised_count(c.tokens.labels)))
     return out
 
 
-def answers(loaded, items: list[Case], use_adapter: bool, max_new_tokens: int, batch_size: int) -> list[str]:
+def answers(loaded, items: list[Case], use_adapter: bool, max_new_tokens: int, batch_size: int,
+            say=log.info) -> list[str]:
     from roctune.generate import generate
+    from roctune.training.progress import counted
 
     out: list[str] = []
-    for s in range(0, len(items), batch_size):
+    side = "tuned" if use_adapter else "base"
+    for s in counted(range(0, len(items), batch_size), f"generating ({side}) batch", say):
         chunk = [c.prompt for c in items[s:s + batch_size]]
         out += generate(loaded, chunk, max_new_tokens=max_new_tokens, use_adapter=use_adapter)
     return out
 
 
-def score_side(loaded, items: list[Case], use_adapter: bool, max_new_tokens: int, batch_size: int):
+def score_side(loaded, items: list[Case], use_adapter: bool, max_new_tokens: int, batch_size: int, say=log.info):
     """(summary {loss, perplexity, bleu4, rouge1, rouge2, rougeL, exact_match}, per-case rows)."""
-    sums = losses(loaded, items, use_adapter)
-    texts = answers(loaded, items, use_adapter, max_new_tokens, batch_size)
+    sums = losses(loaded, items, use_adapter, say)
+    texts = answers(loaded, items, use_adapter, max_new_tokens, batch_size, say)
     rows = []
     for (total, n), text, c in zip(sums, texts, items):
         rows.append({"answer": text, "loss": round(total / max(1, n), 6), **metrics.score(text, c.reference)})

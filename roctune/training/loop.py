@@ -171,6 +171,7 @@ class _State:
         self.forward, self.ddp, self.params = forward, ddp, params
         self.scale = dist.world_size if dist.enabled else 1  # DDP/FSDP average gradients; we want their sum
         self.micro_size = cfg.batch_size  # halved by --auto-batch after an out-of-memory error
+        self.say = lambda *_: None  # run() sets the caller's
         self.keep_best = cfg.early_stopping_patience > 0 or cfg.load_best
         # a resumed run continues from the best it had kept (the count of evaluations without improvement restarts)
         self.best = rundir.read_best(cfg.output) if cfg.resume and self.keep_best else None
@@ -179,6 +180,7 @@ class _State:
         self.trackers = Trackers([], cfg.output, {})
 
     def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
+        self.say = say
         total = len(self.steps)
         bar = Progress(total, start, enabled=progress and self.dist.is_main)
         t_start, tokens_done, losses, last, done, stop = time.perf_counter(), 0, [], {}, start, False
@@ -331,7 +333,7 @@ class _State:
 
     def evaluate(self, model) -> dict[str, float]:
         return evaluate(model, self.task, self.cfg.batch_size, self.setup,
-                        distributed.SINGLE if self.cfg.fsdp else self.dist)
+                        distributed.SINGLE if self.cfg.fsdp else self.dist, self.say)
 
 
 def peak_memory_gib(device: str) -> float:
@@ -346,16 +348,20 @@ def peak_memory_gib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE) -> dict:
+def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE,
+             say=lambda *_: None) -> dict:
     """The task's eval metrics over its eval items; with several processes each takes every world_size-th batch
-    (FSDP passes SINGLE: every rank must run the same forward passes)."""
+    (FSDP passes SINGLE: every rank must run the same forward passes). A long evaluation reports its progress."""
     import torch
+
+    from roctune.training.progress import counted
 
     model.eval()
     sums = {k: 0.0 for k in task.eval_names}
     items = task.eval_items
     with torch.no_grad():
-        for s in range(dist.rank * batch_size, len(items), batch_size * dist.world_size):
+        starts = range(dist.rank * batch_size, len(items), batch_size * dist.world_size)
+        for s in counted(starts, "evaluating batch", say if dist.is_main else (lambda *_: None)):
             with autocast(setup):
                 part = task.eval_sums(model, items[s:s + batch_size])
             for k in task.eval_names:

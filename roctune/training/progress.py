@@ -33,3 +33,31 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def counted(items, label: str, say, every: float = 5.0):
+    """Yield from `items` (anything with len and iter); once the phase has run for `every` seconds, one line per
+    `every` seconds with the count done and an ETA: `tokenizing 1200/5000  eta 0:41`. Phases shorter than that
+    stay silent."""
+    total = len(items)
+    t0 = last = time.perf_counter()
+    for i, x in enumerate(items, 1):
+        yield x
+        now = time.perf_counter()
+        if now - last >= every and i < total:
+            last = now
+            eta = (now - t0) / i * (total - i)
+            say(f"{label} {i}/{total}  eta {int(eta // 60)}:{int(eta % 60):02d}")
+
+
+class Counted:
+    """`items` with len() kept, reporting through `counted` while iterated."""
+
+    def __init__(self, items, label: str, say, every: float = 5.0):
+        self.items, self.label, self.say, self.every = items, label, say, every
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return counted(self.items, self.label, self.say, self.every)
