@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roctune.training import distributed, loop, session
+from roctune.training import loop, session
 from roctune.training.batching import collate
 from roctune.training.losses import sequence_logps, supports_hidden_state_loss
 from roctune.training.progress import Progress
@@ -91,11 +91,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         before_training=before_training)
     say(f"pairs: {len(items)} train, {len(eval_items)} eval; beta {cfg.beta}")
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
-    session.save_final(cfg, model, tokenizer, dist)
-    say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
-        f"saved to {cfg.output}")
-    distributed.shutdown(dist)
-    return summary
+    return session.finish(cfg, model, tokenizer, dist, summary, say)
 
 
 def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, fast: bool, bar, say) -> None:

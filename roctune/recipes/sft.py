@@ -5,7 +5,7 @@ token, so only the answers (with their end-of-turn token) are learned. The loss 
 cross-entropy over all its supervised tokens."""
 from __future__ import annotations
 
-from roctune.training import distributed, loop, session
+from roctune.training import loop, session
 from roctune.training.batching import collate, supervised_count
 from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
 
@@ -42,9 +42,5 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                         "n": sum(supervised_count(e.labels) for e in items)},
         eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6)})
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
-    session.save_final(cfg, model, tokenizer, dist)
-    say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
-        f"saved to {cfg.output}")
-    distributed.shutdown(dist)
-    return summary
+    return session.finish(cfg, model, tokenizer, dist, summary, say)
 

@@ -174,6 +174,15 @@ def save_final(cfg, model, tokenizer, dist: Context) -> None:
     distributed.barrier(dist)
 
 
+def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
+    """After the loop: save the final model, say where, and leave the process group. Returns `summary`."""
+    save_final(cfg, model, tokenizer, dist)
+    say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
+        f"saved to {cfg.output}")
+    distributed.shutdown(dist)
+    return summary
+
+
 def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0) -> None:
     """Estimate memory before loading the model and warn when the run will not fit the GPU (or, for freeze and
     full on the CPU, the free RAM)."""
