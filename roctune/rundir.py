@@ -27,7 +27,8 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from roctune.errors import ConfigError, RoctuneError
 
@@ -50,19 +51,26 @@ EVAL_DIR = "eval"
 
 
 # ------------------------------------------------------------------------------------------ atomic writes
-def atomic_write_text(path: str, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+@contextmanager
+def atomic_path(path: str, prefix: str = ".tmp-") -> Iterator[str]:
+    """A temporary path beside `path`, renamed over `path` (keeping an existing file's mode) only if the block
+    succeeds; removed otherwise."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        yield tmp
         os.chmod(tmp, new_file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def new_file_mode(path: str) -> int:

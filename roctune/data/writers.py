@@ -7,12 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
 from roctune.errors import DataError
-from roctune.rundir import new_file_mode
+from roctune import rundir
 
 
 def output_kind(path: str) -> str:
@@ -33,16 +32,8 @@ def atomic_path(path: str) -> Iterator[str]:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise DataError(f"{path}: the folder {directory} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with rundir.atomic_path(path, prefix=f".{os.path.basename(path)}.") as tmp:
         yield tmp
-        os.chmod(tmp, new_file_mode(path))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def same_file(a: str, b: str) -> bool:
