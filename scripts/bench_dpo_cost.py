@@ -5,7 +5,9 @@ Makes a preference set shaped like LLaMA-Factory's dpo_en_demo (300 pairs, promp
 hundred tokens; generated here, since nothing is downloaded), then times, each as its own `roctune train`
 process on the bundled model with batch 1 (x 4 accumulation, the default):
     dpo --max-steps 2, dpo --max-steps 8, sft --max-steps 2, sft --max-steps 8 (prompt + chosen answer).
-Run it alone on the machine: `.venv/bin/python scripts/bench_dpo_cost.py`."""
+Run it alone on the machine: `.venv/bin/python scripts/bench_dpo_cost.py`.
+With `--data dpo_en_demo.json` (LLaMA-Factory's file, from its source distribution) it times that file instead,
+and SFT trains on the same prompts with the chosen answer."""
 from __future__ import annotations
 
 import json
@@ -36,6 +38,15 @@ def make_sets(folder: str, n: int = 300) -> tuple[str, str]:
     return dpo, sft
 
 
+def sets_from(path: str, folder: str) -> tuple[str, str]:
+    """The given preference file, and an SFT file of its prompts with their chosen answers (ShareGPT shape)."""
+    rows = json.load(open(path, encoding="utf-8"))
+    sft = os.path.join(folder, "sft.jsonl")
+    with open(sft, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"conversations": r["conversations"] + [r["chosen"]]}) + "\n" for r in rows)
+    return path, sft
+
+
 def timed(args: list[str]) -> float:
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "roctune", "train", *args], capture_output=True, text=True)
@@ -46,7 +57,7 @@ def timed(args: list[str]) -> float:
 
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="roctune-dpo-cost-") as tmp:
-        dpo, sft = make_sets(tmp)
+        dpo, sft = sets_from(sys.argv[2], tmp) if sys.argv[1:2] == ["--data"] else make_sets(tmp)
         rows = []
         for stage, data in (("dpo", dpo), ("sft", sft)):
             for steps in (2, 8):

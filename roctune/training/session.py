@@ -124,6 +124,10 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+    else:
+        from roctune.training.activations import slim
+
+        log.info("activation memory: %s", slim(model))
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     say(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")

@@ -1,0 +1,153 @@
+"""Activation memory savers (roctune.training.activations) and the chunked output layer (training.losses): fewer
+bytes kept for backward, and exactly the numbers of the plain peft / cross-entropy path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _tiny_lora(dropout: float, seed: int = 0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    # init_lora_weights=False: B is random too, so the dropout masks change the output and the gradients
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                      init_lora_weights=False)
+    model = get_peft_model(model, lora)
+    model.train()
+    return model
+
+
+def _batch(seed: int = 1):
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 300, (2, 40), generator=g)
+    labels = ids.clone()
+    labels[:, :10] = -100
+    labels[1, 30:] = -100
+    mask = torch.ones_like(ids)
+    mask[1, 30:] = 0
+    return SimpleNamespace(input_ids=ids, attention_mask=mask, position_ids=None, labels=labels)
+
+
+def _loss_and_grads(model, batch):
+    from roctune.training.losses import token_loss_sum
+
+    torch.manual_seed(123)
+    loss = token_loss_sum(model, batch, True)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.detach(), grads, torch.rand(3)  # the draw after backward: the RNG stream moved on identically
+
+
+def _saved_bytes(model, batch) -> int:
+    from roctune.training.losses import token_loss_sum
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_loss_sum(model, batch, True)
+    return sum(seen.values())
+
+
+def test_slim_model_gives_the_plain_peft_numbers_bit_for_bit():
+    from roctune.training.activations import slim
+
+    batch = _batch()
+    plain = _tiny_lora(0.3)
+    slimmed = _tiny_lora(0.3)
+    said = slim(slimmed)
+    assert "8 LoRA dropouts keep" in said and "2 MLPs recompute" in said
+    loss_a, grads_a, after_a = _loss_and_grads(plain, batch)
+    loss_b, grads_b, after_b = _loss_and_grads(slimmed, batch)
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 16
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name
+    assert torch.equal(after_a, after_b)
+
+
+def test_slim_model_keeps_fewer_bytes_for_backward():
+    from roctune.training.activations import slim
+
+    batch = _batch()
+    plain, slimmed = _tiny_lora(0.1), _tiny_lora(0.1)
+    slim(slimmed)
+    before, after = _saved_bytes(plain, batch), _saved_bytes(slimmed, batch)
+    assert after < 0.7 * before, (before, after)  # 0.67 here; 0.57 on the bundled model (see the module)
+
+
+def test_slim_model_saves_and_merges_like_peft(tmp_path):
+    from peft import get_peft_model_state_dict
+
+    from roctune.training.activations import slim
+
+    plain, slimmed = _tiny_lora(0.1), _tiny_lora(0.1)
+    slim(slimmed)
+    a, b = get_peft_model_state_dict(plain), get_peft_model_state_dict(slimmed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    x = torch.randint(0, 300, (1, 12))
+    plain.eval(), slimmed.eval()
+    with torch.no_grad():
+        want = plain(input_ids=x).logits
+        assert torch.equal(slimmed(input_ids=x).logits, want)  # eval: no dropout, no checkpoint
+        merged = slimmed.merge_and_unload()
+        assert torch.allclose(merged(input_ids=x).logits, want, atol=1e-4)
+
+
+def test_adapters_without_dropout_or_with_dora_are_left_alone():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from roctune.training.activations import checkpoint_lora_dropout
+
+    assert checkpoint_lora_dropout(_tiny_lora(0.0)) == 0
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    dora = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj"],
+                                                            use_dora=True))
+    assert checkpoint_lora_dropout(dora) == 0
+
+
+@pytest.mark.parametrize("chunk", [7, 10 ** 9])
+def test_token_logprobs_match_log_softmax_values_and_gradients(monkeypatch, chunk):
+    from roctune.training import losses
+
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk * 50)  # 50-word vocabulary: `chunk` rows at a time
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 50, (23,), generator=g)
+    upstream = torch.randn(23, generator=g, dtype=torch.float64)
+    h1 = torch.randn(23, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    h2 = h1.detach().clone().requires_grad_(True)
+    want = torch.log_softmax(h1 @ weight.T, dim=-1).gather(1, targets[:, None]).squeeze(1)
+    got = losses.token_logprobs(h2, weight, targets)
+    assert torch.allclose(got.double(), want, atol=1e-6)
+    (want * upstream).sum().backward()
+    (got.double() * upstream).sum().backward()
+    assert torch.allclose(h1.grad, h2.grad, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(losses.token_logprobs(h2, weight, targets), got.detach())
+
+
+def test_output_layer_that_trains_takes_the_plain_path():
+    from roctune.training.losses import _frozen_head
+
+    model = _tiny_lora(0.0)
+    assert _frozen_head(model, True) is not None
+    assert _frozen_head(model, False) is None
+    model.get_base_model().get_output_embeddings().weight.requires_grad_(True)  # full fine-tuning
+    assert _frozen_head(model, True) is None
