@@ -2,7 +2,6 @@
 every bad-input case (one clear error, exit code 2, nothing written)."""
 import json
 import os
-import shutil
 
 import pytest
 
@@ -252,3 +251,40 @@ def test_out_of_memory_without_auto_batch_stops_with_options(tiny_model_dir, alp
     assert "--auto-batch" in err[0] and "--batch-size 2 --grad-accum 2" in err[0] and "--grad-checkpointing" in err[0]
     leftovers = [n for n in os.listdir(out) if n.startswith((".tmp", "checkpoint-"))]
     assert leftovers == []  # no half-written checkpoint
+
+
+def test_an_interrupt_in_the_last_evaluation_keeps_the_trained_adapter(tiny_model_dir, alpaca_file, tmp_path,
+                                                                       monkeypatch):
+    from roctune.training import loop
+
+    calls = []
+
+    def evaluate(self, model):
+        calls.append(1)
+        if len(calls) == 2:  # the evaluation after the last step
+            raise KeyboardInterrupt
+        return {"eval_loss": 1.0}
+
+    monkeypatch.setattr(loop._State, "evaluate", evaluate)
+    out = tmp_path / "run"
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, eval_steps=2, eval_ratio=0.25),
+              log=lines.append, progress=False)
+    assert "saving the final model before the last evaluation" in lines
+    assert os.path.exists(out / "adapter_model.safetensors") and os.path.exists(out / "adapter_config.json")
+    from roctune import rundir
+
+    assert rundir.read_run(str(out))["data"]["total_steps"] == 4
+
+
+def test_a_model_saved_before_the_last_evaluation_is_not_saved_twice(tiny_model_dir, alpaca_file, tmp_path,
+                                                                     monkeypatch):
+    from roctune.training import session
+
+    saves = []
+    real = session.save_final
+    monkeypatch.setattr(session, "save_final", lambda *a: (saves.append(1), real(*a)))
+    train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "run", max_steps=2, eval_ratio=0.25),
+          log=lambda s: None, progress=False)
+    assert len(saves) == 1 and os.path.exists(tmp_path / "run" / "loss.png")

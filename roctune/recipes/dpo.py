@@ -90,7 +90,8 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                 "eval_reward_accuracy": round(s["acc"] / max(1, s["n"]), 4)},
         before_training=before_training)
     say(f"pairs: {len(items)} train, {len(eval_items)} eval; beta {cfg.beta}")
-    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
+    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
+                              save=lambda m: session.save_final(cfg, m, tokenizer, dist))
     return session.finish(cfg, model, tokenizer, dist, summary, say)
 
 

@@ -41,6 +41,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         eval_sums=lambda model, items: {"loss": float(token_loss_sum(model, batch(items), fast)),
                                         "n": sum(supervised_count(e.labels) for e in items)},
         eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6)})
-    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress)
+    model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
+                              save=lambda m: session.save_final(cfg, m, tokenizer, dist))
     return session.finish(cfg, model, tokenizer, dist, summary, say)
 

@@ -105,8 +105,10 @@ def _engine(model, task: Task, cfg, setup: Setup, dist: Context):
     return ddp, model, ddp
 
 
-def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool) -> tuple[Any, dict]:
-    """Train `model` on `task` as cfg says; returns (the trained model, a summary)."""
+def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool, save=None) -> tuple[Any, dict]:
+    """Train `model` on `task` as cfg says; returns (the trained model, a summary). `save(model)` saves the final
+    model; given, it runs right after the last step, before that step's evaluation, so an interrupt during the
+    evaluation keeps the trained model (summary["saved_final"] says whether it ran and still holds)."""
     import torch
 
     steps, steps_per_epoch = plan_steps(task.lengths, cfg, dist.world_size)
@@ -138,6 +140,7 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
     _describe(cfg, setup, task, dist, len(steps), say)
     state = _State(cfg, setup, task, dist, steps, steps_per_epoch, forward, ddp, params)
     state.trackers = Trackers(cfg.report_to if dist.is_main else [], cfg.output, cfg.to_dict(), start)
+    state.save = save
     try:
         summary = state.run(model, optimizer, scheduler, start, say, progress)
     finally:
@@ -146,7 +149,9 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         say(f"best eval loss {summary['best_eval_loss']:.4f} at step {summary['best_step']}: kept in "
             f"{rundir.best_dir(cfg.output)}")
         if cfg.load_best:
-            say(state.load_best(model))
+            said = state.load_best(model)
+            summary["saved_final"] = summary["saved_final"] and state.best_weights is None
+            say(said)
     return model, summary
 
 
@@ -178,12 +183,14 @@ class _State:
         self.bad = 0
         self.best_weights: dict | None = None  # --load-best: this process's trainable tensors at the best eval
         self.trackers = Trackers([], cfg.output, {})
+        self.save = None  # fit() sets the recipe's final save
 
     def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
         self.say = say
         total = len(self.steps)
         bar = Progress(total, start, enabled=progress and self.dist.is_main)
         t_start, tokens_done, losses, last, done, stop = time.perf_counter(), 0, [], {}, start, False
+        saved = False
         model.train()
         try:
             for step in range(start, total):
@@ -193,6 +200,10 @@ class _State:
                 tokens_done, done = tokens_done + n_tok, step + 1
                 last = self.row(done, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
                 if self.task.eval_items and self.eval_due(done):
+                    if done == total and self.save is not None:
+                        say("saving the final model before the last evaluation")
+                        self.save(model)
+                        saved = True
                     last.update(self.evaluate(model))
                     stop = self.after_eval(model, last, say)
                 losses.append(last["loss"])
@@ -208,7 +219,7 @@ class _State:
             bar.close()
         elapsed = time.perf_counter() - t_start
         best = self.best or {}
-        return {"steps": done, "planned_steps": total, "stopped_early": stop,
+        return {"steps": done, "planned_steps": total, "stopped_early": stop, "saved_final": saved,
                 "best_step": best.get("step"), "best_eval_loss": best.get("eval_loss"),
                 "final_loss": losses[-1] if losses else None,
                 "mean_loss": sum(losses) / len(losses) if losses else None,

@@ -179,8 +179,12 @@ def save_final(cfg, model, tokenizer, dist: Context) -> None:
 
 
 def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
-    """After the loop: save the final model, say where, and leave the process group. Returns `summary`."""
-    save_final(cfg, model, tokenizer, dist)
+    """After the loop: save the final model (unless the loop saved it before its last evaluation and it has not
+    changed since), say where, and leave the process group. Returns `summary`."""
+    if not summary.pop("saved_final", False):
+        save_final(cfg, model, tokenizer, dist)
+    elif dist.is_main:
+        rundir.plot_loss(cfg.output)  # the curve now includes the last evaluation
     say(f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, final loss {summary['final_loss']:.4f}; "
         f"saved to {cfg.output}")
     distributed.shutdown(dist)
