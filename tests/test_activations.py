@@ -112,14 +112,14 @@ def test_adapters_without_dropout_or_with_dora_are_left_alone():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from roctune.training.activations import checkpoint_lora_dropout
+    from roctune.training.activations import mask_lora_dropout
 
-    assert checkpoint_lora_dropout(_tiny_lora(0.0)) == 0
+    assert mask_lora_dropout(_tiny_lora(0.0)) == 0
     cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     dora = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj"],
                                                             use_dora=True))
-    assert checkpoint_lora_dropout(dora) == 0
+    assert mask_lora_dropout(dora) == 0
 
 
 @pytest.mark.parametrize("chunk", [7, 10 ** 9])
