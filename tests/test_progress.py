@@ -1,5 +1,5 @@
 """Long phases report a count and an ETA; short ones stay silent."""
-from roctune.training.progress import Counted, counted
+from roctune.progress import Counted, counted
 
 
 def test_counted_reports_count_and_eta_and_keeps_the_items():

@@ -97,7 +97,7 @@ def run(args) -> int:
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
     tuned, base = [], []
-    from roctune.training.progress import counted
+    from roctune.progress import counted
 
     for s in counted(range(0, len(convs), args.batch_size), "generating batch",
                      lambda line: print(line, file=sys.stderr)):

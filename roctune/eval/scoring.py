@@ -62,8 +62,8 @@ def losses(loaded, items: list[Case], use_adapter: bool, say=log.info) -> list[t
     """(summed token loss, supervised tokens) of each case."""
     import torch
 
+    from roctune.progress import counted
     from roctune.training.batching import collate, supervised_count
-    from roctune.training.progress import counted
     from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
 
     fast = supports_hidden_state_loss(loaded.model)
@@ -79,7 +79,7 @@ def losses(loaded, items: list[Case], use_adapter: bool, say=log.info) -> list[t
 def answers(loaded, items: list[Case], use_adapter: bool, max_new_tokens: int, batch_size: int,
             say=log.info) -> list[str]:
     from roctune.generate import generate
-    from roctune.training.progress import counted
+    from roctune.progress import counted
 
     out: list[str] = []
     side = "tuned" if use_adapter else "base"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.progress import Progress
 from roctune.training import loop, session
 from roctune.training.batching import collate
 from roctune.training.losses import sequence_logps, supports_hidden_state_loss
-from roctune.training.progress import Progress
 
 
 @dataclass

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from roctune import rundir
+from roctune.progress import Progress
 from roctune.training import checkpoint, distributed
 from roctune.training.batching import plan_steps
 from roctune.training.distributed import Context
 from roctune.training.oom import free_memory, is_out_of_memory, out_of_memory_error
 from roctune.training.optim import make_optimizer, make_scheduler, optimizer_step
-from roctune.training.progress import Progress
 from roctune.training.session import Setup, write_run_yaml
 from roctune.training.trackers import Trackers
 
@@ -365,7 +365,7 @@ def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = d
     (FSDP passes SINGLE: every rank must run the same forward passes). A long evaluation reports its progress."""
     import torch
 
-    from roctune.training.progress import counted
+    from roctune.progress import counted
 
     model.eval()
     sums = {k: 0.0 for k in task.eval_names}

@@ -90,7 +90,7 @@ def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: 
 
 
 def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_with, what: str):
-    from roctune.training.progress import Counted
+    from roctune.progress import Counted
 
     records = Counted(records, f"tokenizing {what} data", say)  # a line with an ETA when it takes a while
     if cache_with is None or not getattr(cfg, "data_cache", False):
