@@ -1,5 +1,11 @@
-"""Long phases report a count and an ETA; short ones stay silent."""
-from roctune.progress import Counted, counted
+"""Long phases report a count and an ETA; short ones stay silent. Every phase that reports is run here with
+`progress.EVERY = 0` (a line per item) and its lines are checked: label, done/total, eta."""
+import re
+
+import pytest
+
+from roctune import progress
+from roctune.progress import Counted, Meter, counted
 
 
 def test_counted_reports_count_and_eta_and_keeps_the_items():
@@ -14,3 +20,36 @@ def test_a_short_phase_is_silent_and_len_is_kept():
     lines = []
     wrapped = Counted(list("abc"), "evaluating", lines.append)  # default: a line only after 5 s
     assert len(wrapped) == 3 and list(wrapped) == ["a", "b", "c"] and lines == []
+
+
+# ----------------------------------------------------------------- every long phase reports (EVERY = 0 here)
+NUMBER = r"(\d+(?:\.\d+)?)"
+
+
+def counts(lines, label: str, unit: str = "") -> list[tuple[float, float]]:
+    """(done, total) of every progress line of `label`; a line that only starts like one fails the test."""
+    pattern = re.compile(rf"{re.escape(label)} {NUMBER}/{NUMBER}{unit}  eta \d+:\d\d")
+    found = []
+    for line in lines:
+        if line.startswith(label + " "):
+            m = pattern.fullmatch(line)
+            assert m, f"not a progress line: {line!r}"
+            found.append((float(m[1]), float(m[2])))
+    return found
+
+
+@pytest.fixture
+def every_line(monkeypatch):
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+
+
+def test_meter_reports_bytes_with_an_eta_and_stays_silent_when_short():
+    lines = []
+    meter = Meter(3 * 2**20, "checking", lines.append, every=0.0, in_bytes=True)
+    for done in (2**20, 2 * 2**20, 3 * 2**20):  # the last update (all done) says nothing
+        meter.update(done)
+    assert counts(lines, "checking", " MiB") == [(1.0, 3.0), (2.0, 3.0)]
+    quiet = []
+    meter = Meter(100, "scrubbing", quiet.append)  # default EVERY: nothing within 5 s
+    meter.update(50)
+    assert quiet == []
