@@ -9,6 +9,7 @@ import os
 from roctune import rundir
 from roctune.data.render import render_prompt
 from roctune.errors import ConfigError, EnvironmentProblem, RoctuneError
+from roctune.progress import counted
 
 MARKER = "roctune_merge.json"  # written into every merged directory: --overwrite replaces only such a directory
 
@@ -62,14 +63,14 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
         tok = load_tokenizer(tok_src, trust)
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
         log(f"qlora adapter: loading {base} in 4-bit as in training, then dequantizing it to {dtype} to merge")
-        merged, before, after = dequantized_merge(adapter, base, dtype, enc, trust)
+        merged, before, after = dequantized_merge(adapter, base, dtype, enc, trust, log)
     else:
         loaded = load_for_inference(adapter=adapter, device="cpu", dtype=dtype)
         model, tok = loaded.model, loaded.tokenizer
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
         with torch.no_grad():
             before = [model(**e).logits.float() for e in enc]
-            merged = model.merge_and_unload()
+            merged = merge_and_unload(model, log)
             after = [merged(**e).logits.float() for e in enc]
     max_diff = max(float((a - b).abs().max()) for a, b in zip(after, before))
     tol = 1e-3 if dtype == "fp32" else 5e-2
@@ -87,7 +88,24 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
     return {"max_logit_diff": max_diff, "output": output}
 
 
-def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False):
+def merge_and_unload(model, log):
+    """peft's merge_and_unload, with a count of the adapted layers merged (`merging layer 120/210  eta 0:09`): each
+    layer is merged here first, so merge_and_unload finds them merged and only unloads (and handles
+    modules_to_save and tied embeddings as usual)."""
+    import warnings
+
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in counted(layers, "merging layer", log):
+        layer.merge()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "All adapters are already merged")
+        return model.merge_and_unload()
+
+
+def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False,
+                      log=lambda *_: None):
     """Merge a QLoRA adapter the way it was trained: load the base in 4-bit exactly as in training, run the
     check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
     weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
@@ -112,7 +130,7 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
         del base.config.quantization_config
     base.hf_quantizer = None
     base.is_quantized = False
-    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged = merge_and_unload(PeftModel.from_pretrained(base, adapter), log)
     merged.eval()
     with torch.no_grad():
         after = [merged(**e).logits.float() for e in prompts_enc]

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from conftest import run_train, write_jsonl
 from roctune import progress
 from roctune.progress import Counted, Meter, counted
 
@@ -53,3 +54,30 @@ def test_meter_reports_bytes_with_an_eta_and_stays_silent_when_short():
     meter = Meter(100, "scrubbing", quiet.append)  # default EVERY: nothing within 5 s
     meter.update(50)
     assert quiet == []
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_run(tmp_path_factory, tiny_model_dir):
+    """A 2-step LoRA run of the tiny model with an eval split, trained with every progress line on:
+    (run dir, its log lines)."""
+    from roctune.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("progress-run")
+    data = write_jsonl(root / "d.jsonl", [{"instruction": f"Say {i}.", "input": "", "output": f"{i} banana."}
+                                          for i in range(12)])
+    cfg = TrainConfig(data=[data], output=str(root / "run"), model=tiny_model_dir, device="cpu", max_steps=2,
+                      batch_size=2, grad_accum=1, max_length=64, eval_ratio=0.5, seed=0, data_cache=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(progress, "EVERY", 0.0)
+        _, lines = run_train(cfg)
+    return cfg.output, lines
+
+
+def test_merge_counts_the_layers_it_merges(tiny_lora_run, tmp_path, every_line):
+    from roctune.merge import merge
+
+    run, _ = tiny_lora_run
+    lines = []
+    merge(run, str(tmp_path / "merged"), log=lines.append)
+    n_layers = 2 * 4  # 2 decoder layers x q, k, v, o
+    assert counts(lines, "merging layer") == [(i, n_layers) for i in range(1, n_layers)], lines
