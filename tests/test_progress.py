@@ -81,3 +81,15 @@ def test_merge_counts_the_layers_it_merges(tiny_lora_run, tmp_path, every_line):
     merge(run, str(tmp_path / "merged"), log=lines.append)
     n_layers = 2 * 4  # 2 decoder layers x q, k, v, o
     assert counts(lines, "merging layer") == [(i, n_layers) for i in range(1, n_layers)], lines
+
+
+def test_export_counts_tensors_written_and_prompts_checked(tiny_model_dir, tmp_path, every_line):
+    from roctune.export import export
+
+    lines = []
+    report = export(tiny_model_dir, str(tmp_path / "gguf"), quant="f16", log=lines.append)
+    n = report["tensors"]
+    assert n == 1 + 2 * 9 + 1  # embeddings, 2 layers of 7 matrices and 2 norms, the final norm (lm_head tied)
+    assert counts(lines, "writing gguf tensor") == [(i, n) for i in range(1, n)], lines
+    prompts = report["check"]["prompts"]
+    assert counts(lines, "checking gguf prompt") == [(i, prompts) for i in range(1, prompts)], lines

@@ -57,7 +57,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
         rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.deploy_md(
             output, gguf_name, name, adapter, rundir.base_model(adapter) or base, rank, full))
         if verify:
-            report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_prompts(adapter))
+            report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_prompts(adapter), log)
             log(check.summary(report["check"]))
         else:
             log("fidelity check skipped (--no-verify)")
@@ -93,12 +93,12 @@ def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok,
     t = time.monotonic()
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
-        gguf_file.write_gguf(model_dir, f16, "f16", name, tok)
+        gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
         gguf_file.kquantize(f16, path, quant)
         os.unlink(f16)
         facts = {"bytes": os.path.getsize(path)}
     else:
-        facts = gguf_file.write_gguf(model_dir, path, quant, name, tok)
+        facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log)
     facts["write_seconds"] = round(time.monotonic() - t, 1)
     log(f"wrote {gguf_name}: {facts['bytes'] / 2**20:.1f} MiB in {facts['write_seconds']:.0f} s")
     return facts

@@ -21,6 +21,7 @@ import os
 from hashlib import sha256
 
 from roctune.errors import ConfigError, EnvironmentProblem
+from roctune.progress import counted
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ def pre_tokenizer(tokenizer, where: str) -> str:
     return name
 
 
-def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer) -> dict:
-    """Write the model in `model_dir` (a plain transformers directory) to `path`. Returns facts for the report."""
+def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None) -> dict:
+    """Write the model in `model_dir` (a plain transformers directory) to `path`, counting the tensors through
+    `log` when it takes a while. Returns facts for the report."""
     import gguf
 
     arch, pre = check_model(model_dir, tokenizer)
@@ -108,7 +110,7 @@ def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer) -> d
     w.add_name(name)
     _hyperparameters(w, cfg, quant)
     _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre)
-    n = _tensors(w, model_dir, cfg, quant, arch)
+    n = _tensors(w, model_dir, cfg, quant, arch, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -175,9 +177,11 @@ def _permute(weights, n_head: int):
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def _tensors(w, model_dir: str, cfg: dict, quant: str, arch: str) -> int:
+def _tensors(w, model_dir: str, cfg: dict, quant: str, arch: str, log) -> int:
+    """Convert every tensor and hand it to the writer (`writing gguf tensor 120/272  eta 0:30`); returns the count."""
+    import contextlib
+
     import gguf
-    import numpy as np
     from safetensors import safe_open
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
@@ -186,24 +190,23 @@ def _tensors(w, model_dir: str, cfg: dict, quant: str, arch: str) -> int:
     files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     if not files:
         raise ConfigError(f"{model_dir}: no .safetensors weights to convert")
-    count = 0
-    for fname in files:
-        with safe_open(os.path.join(model_dir, fname), framework="pt") as f:
-            for key in f.keys():
-                if key == "lm_head.weight" and cfg.get("tie_word_embeddings"):
-                    continue  # llama.cpp reuses token_embd when output.weight is absent
-                new = names.get_name(key, try_suffixes=(".weight", ".bias"))
-                if new is None:
-                    raise ConfigError(f"{model_dir}: tensor {key} has no GGUF name for {arch}; not supported")
-                data = f.get_tensor(key).float().numpy()
-                if key.endswith("q_proj.weight"):
-                    data = _permute(data, heads)
-                elif key.endswith("k_proj.weight"):
-                    data = _permute(data, kv_heads)
-                data, qtype = _encode(data, quant)
-                w.add_tensor(new, data, raw_dtype=qtype)
-                count += 1
-    return count
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(safe_open(os.path.join(model_dir, f), framework="pt")) for f in files]
+        # llama.cpp reuses token_embd when output.weight is absent
+        keys = [(f, key) for f in opened for key in f.keys()
+                if not (key == "lm_head.weight" and cfg.get("tie_word_embeddings"))]
+        for f, key in counted(keys, "writing gguf tensor", log):
+            new = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ConfigError(f"{model_dir}: tensor {key} has no GGUF name for {arch}; not supported")
+            data = f.get_tensor(key).float().numpy()
+            if key.endswith("q_proj.weight"):
+                data = _permute(data, heads)
+            elif key.endswith("k_proj.weight"):
+                data = _permute(data, kv_heads)
+            data, qtype = _encode(data, quant)
+            w.add_tensor(new, data, raw_dtype=qtype)
+    return len(keys)
 
 
 def _encode(data, quant: str):

@@ -12,6 +12,7 @@ import os
 from roctune import rundir
 from roctune.data.render import render_prompt
 from roctune.errors import RoctuneError
+from roctune.progress import counted
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,10 @@ def check_prompts(run: str, n: int = N_PROMPTS) -> list[list[dict]]:
     return prompts or [list(p) for p in CHECK_PROMPTS]
 
 
-def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: list[list[dict]]) -> dict:
-    """Compare the GGUF with the merged model; raise when it is off, return the figures otherwise."""
+def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: list[list[dict]],
+           log=lambda *_: None) -> dict:
+    """Compare the GGUF with the merged model, counting the prompts through `log` when it takes a while; raise
+    when it is off, return the figures otherwise."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -64,7 +67,7 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
     finally:
         hf_logging.enable_progress_bar()
     max_diff, answers = 0.0, []
-    for msgs in prompts:
+    for msgs in counted(prompts, "checking gguf prompt", log):
         text = render_prompt(ref_tok, msgs)
         if render_prompt(got_tok, msgs) != text:
             raise RoctuneError(f"the chat template in {gguf_name} renders a prompt differently; not saved")
