@@ -1,5 +1,7 @@
 """Long phases report a count and an ETA; short ones stay silent. Every phase that reports is run here with
 `progress.EVERY = 0` (a line per item) and its lines are checked: label, done/total, eta."""
+import json
+import os
 import re
 
 import pytest
@@ -93,3 +95,42 @@ def test_export_counts_tensors_written_and_prompts_checked(tiny_model_dir, tmp_p
     assert counts(lines, "writing gguf tensor") == [(i, n) for i in range(1, n)], lines
     prompts = report["check"]["prompts"]
     assert counts(lines, "checking gguf prompt") == [(i, prompts) for i in range(1, prompts)], lines
+
+
+def _bytes_lines(err: str, label: str) -> list[tuple[float, float]]:
+    found = counts(err.splitlines(), label, " KiB")
+    assert found, err
+    dones = [d for d, _ in found]
+    assert dones == sorted(dones) and all(0 < d <= total for d, total in found)  # shown to 0.1 KiB
+    return found
+
+
+def test_data_check_reports_bytes_read_of_train_and_eval_files(tmp_path, capsys, every_line):
+    from roctune.cli import main
+
+    rows = [{"instruction": f"question {i} " * 20, "output": f"answer {i} " * 20} for i in range(40)]
+    train = write_jsonl(tmp_path / "a.jsonl", rows)
+    array = tmp_path / "b.json"
+    array.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    evals = write_jsonl(tmp_path / "e.jsonl", rows[:10])
+    assert main(["data", "check", train, str(array), "--eval", evals, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["records"] == 80  # stdout stays the report alone
+    total = sum(os.path.getsize(p) for p in (train, array, evals)) / 1024
+    found = _bytes_lines(err, "checking")
+    assert {t for _, t in found} == {round(total, 1)}
+    assert max(d for d, _ in found) > (total - os.path.getsize(array) / 1024)  # it went on into the JSON array
+
+
+def test_data_scrub_reports_bytes_read_for_jsonl_and_json_arrays(tmp_path, capsys, every_line):
+    from roctune.cli import main
+
+    rows = [{"instruction": f"call me on 13812345678 about {i} " * 10, "output": "ok " * 30} for i in range(40)]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    assert main(["data", "scrub", src, str(tmp_path / "out.jsonl")]) == 0
+    found = _bytes_lines(capsys.readouterr().err, "scrubbing")
+    assert {t for _, t in found} == {round(os.path.getsize(src) / 1024, 1)}
+    array = tmp_path / "in.json"
+    array.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    assert main(["data", "scrub", str(array), str(tmp_path / "out.json")]) == 0
+    _bytes_lines(capsys.readouterr().err, "scrubbing")

@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     return 2
 
 
+def _stderr(line: str) -> None:
+    """Progress lines go to stderr: stdout keeps the report (and --json stays parseable)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _console():
     from rich.console import Console
 
@@ -92,7 +97,7 @@ def _check(args) -> int:
         from roctune.models import load_tokenizer
 
         tokenizer = load_tokenizer(args.model)
-    report = check_data(args.paths, args.eval, tokenizer, args.max_length)
+    report = check_data(args.paths, args.eval, tokenizer, args.max_length, _stderr)
     if args.json:
         json.dump(report, sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")
@@ -153,7 +158,7 @@ def _scrub(args) -> int:
         types = [t.strip() for item in args.types for t in item.split(",") if t.strip()]
     file_kind(args.input)  # a missing input is named before any output
     check_outputs(args.input, args.output, args.report, args.overwrite)  # both, before anything is written
-    report = scrub_file(args.input, args.output, types, overwrite=args.overwrite)
+    report = scrub_file(args.input, args.output, types, overwrite=args.overwrite, say=_stderr)
     if args.report:
         write_report(report, args.report)
     table = Table(title=f"Redacted in {report['records']} records ({report['records_changed']} changed)",

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 from roctune.errors import DataError
 
 OnError = Optional[Callable[[DataError], None]]
+OnRead = Optional[Callable[[int], None]]  # given the bytes of the file read so far, record by record (progress)
 
 _CHUNK = 1 << 20
 # JSON nested deeper than Python's recursion limit (a hostile file: [[[[...]]]]) is one clear error, not a crash.
@@ -101,21 +102,22 @@ def iter_raw(path: str, on_error: OnError = None, *, decode_json_cells: bool = T
         yield where, obj
 
 
-def iter_located(path: str, on_error: OnError = None, *, decode_json_cells: bool = True
+def iter_located(path: str, on_error: OnError = None, *, decode_json_cells: bool = True, on_read: OnRead = None
                  ) -> Iterator[tuple[str, int, dict]]:
     """Like `iter_raw`, with the record's line (JSONL, CSV), record index (JSON) or row index (Parquet).
 
     `decode_json_cells=False` leaves CSV cells as text (for tools that rewrite a file in its own format).
+    `on_read`, when given, is called before each record with about how many bytes of the file are read.
     """
     kind = file_kind(path)
     if kind == "jsonl":
-        yield from _iter_jsonl(path, on_error)
+        yield from _iter_jsonl(path, on_error, on_read)
     elif kind == "json":
-        yield from _iter_json_array(path, on_error)
+        yield from _iter_json_array(path, on_error, on_read)
     elif kind == "csv":
-        yield from _iter_csv(path, on_error, decode_json_cells)
+        yield from _iter_csv(path, on_error, decode_json_cells, on_read)
     else:
-        yield from _iter_parquet(path, on_error)
+        yield from _iter_parquet(path, on_error, on_read)
 
 
 # ------------------------------------------------------------------------------------------ JSON Lines
@@ -159,10 +161,14 @@ def parse_jsonl_line(line: bytes, path: str, lineno: int) -> dict | None:
     return obj
 
 
-def _iter_jsonl(path: str, on_error: OnError = None) -> Iterator[tuple[str, int, dict]]:
+def _iter_jsonl(path: str, on_error: OnError = None, on_read: OnRead = None) -> Iterator[tuple[str, int, dict]]:
     fast = fast_jsonl_object
+    pos = 0
     with open(path, "rb", buffering=_CHUNK) as f:
         for lineno, line in enumerate(f, 1):
+            if on_read is not None:
+                pos += len(line)
+                on_read(pos)
             obj = fast(line)
             if obj is None:
                 try:
@@ -239,7 +245,7 @@ class _TextWindow:
                 raise self.syntax_error(msg, self.line + self.buf.count("\n", self.pos, e.pos)) from None
 
 
-def _iter_json_array(path: str, on_error: OnError = None) -> Iterator[tuple[str, int, dict]]:
+def _iter_json_array(path: str, on_error: OnError = None, on_read: OnRead = None) -> Iterator[tuple[str, int, dict]]:
     """Stream the items of a top-level JSON array with `raw_decode` over a sliding text window."""
     decoder = json.JSONDecoder()
     truncated = "the file ends before the closing ']'; it looks truncated"
@@ -269,6 +275,8 @@ def _iter_json_array(path: str, on_error: OnError = None) -> Iterator[tuple[str,
             obj, end = w.decode(decoder, index)
             start_line = w.line
             w.advance(end)
+            if on_read is not None:  # bytes read less the text not yet decoded (counted in characters)
+                on_read(max(0, f.tell() - (len(w.buf) - w.pos)))
             if isinstance(obj, dict):
                 yield f"{path}: record {index} (line {start_line})", index, obj
             else:
@@ -294,7 +302,7 @@ def _decode_cells(obj: dict[str, Any], where: str) -> None:
                 raise DataError(f"{where}: field '{key}' must hold JSON in a CSV cell ({e.msg})") from None
 
 
-def _iter_csv(path: str, on_error: OnError = None, decode_json_cells: bool = True
+def _iter_csv(path: str, on_error: OnError = None, decode_json_cells: bool = True, on_read: OnRead = None
               ) -> Iterator[tuple[str, int, dict]]:
     delimiter = csv_delimiter(path)
     with open(path, "r", encoding="utf-8-sig", newline="") as f:
@@ -311,6 +319,8 @@ def _iter_csv(path: str, on_error: OnError = None, decode_json_cells: bool = Tru
             except csv.Error as e:
                 raise DataError(f"{path}:{line_before + 1}: malformed CSV ({e})") from None
             lineno, line_before = line_before + 1, reader.line_num
+            if on_read is not None:
+                on_read(f.buffer.tell())  # the text layer reads ahead in chunks of a few KiB
             if not row or not any(cell.strip() for cell in row):
                 continue
             if header is None:
@@ -333,7 +343,7 @@ def _iter_csv(path: str, on_error: OnError = None, decode_json_cells: bool = Tru
             raise DataError(f"{path}: the file is empty; add a header row and at least one example")
 
 
-def _iter_parquet(path: str, on_error: OnError = None) -> Iterator[tuple[str, int, dict]]:
+def _iter_parquet(path: str, on_error: OnError = None, on_read: OnRead = None) -> Iterator[tuple[str, int, dict]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -342,7 +352,7 @@ def _iter_parquet(path: str, on_error: OnError = None) -> Iterator[tuple[str, in
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    index = 0
+    index, size, rows = 0, os.path.getsize(path), max(1, pf.metadata.num_rows)
     batches = pf.iter_batches(batch_size=1024)
     while True:
         try:
@@ -353,5 +363,7 @@ def _iter_parquet(path: str, on_error: OnError = None) -> Iterator[tuple[str, in
         if batch is None:
             return
         for obj in batch.to_pylist():
+            if on_read is not None:  # the file's size times the share of rows read
+                on_read(size * (index + 1) // rows)
             yield f"{path}: row {index}", index, obj
             index += 1

@@ -8,12 +8,13 @@ checks and counts the records once and reads them from disk again whenever it is
 """
 from __future__ import annotations
 
+import os
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from roctune.data.readers import OnError, iter_located, raise_or_report
+from roctune.data.readers import OnError, OnRead, iter_located, raise_or_report
 from roctune.data.sources import resolve_sources, split_weight
 from roctune.errors import DataError
 
@@ -77,17 +78,21 @@ class ErrorLimit:
             raise combine_errors(self.errors)
 
 
-def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Iterator[Example]:
+def iter_examples(specs: str | Iterable[str], on_error: OnError = None, on_read: OnRead = None
+                  ) -> Iterator[Example]:
     """Stream every valid record of one or several --data values (mixed in the order given).
 
-    Schema errors raise DataError, or with `on_error` are handed to it and the record is skipped.
+    Schema errors raise DataError, or with `on_error` are handed to it and the record is skipped. `on_read` is
+    given the bytes read so far of all the files, record by record (out of `source_bytes(specs)`).
     """
     if isinstance(specs, str):
         specs = [specs]
+    done = 0  # bytes of the files already read
     for spec in specs:
         for src in resolve_sources(spec):
             n_raw = 0
             n_errors = 0
+            read = None if on_read is None else (lambda n, before=done: on_read(before + n))
 
             def count_error(err: DataError) -> None:
                 nonlocal n_errors
@@ -95,7 +100,7 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Itera
                 raise_or_report(on_error, err)
 
             try:
-                for where, num, obj in iter_located(src.path, count_error):
+                for where, num, obj in iter_located(src.path, count_error, on_read=read):
                     n_raw += 1
                     try:
                         msgs = src.to_messages(obj, where)
@@ -109,6 +114,16 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None) -> Itera
             if n_raw == 0 and n_errors == 0:
                 raise_or_report(on_error, DataError(f"{src.path}: no examples in the file; add at least one "
                                                     "record"))
+            done += _size(src.path)
+
+
+def source_bytes(specs: Iterable[str]) -> int:
+    """The size in bytes of all the files the --data values name."""
+    return sum(_size(src.path) for spec in specs for src in resolve_sources(spec))
+
+
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.isfile(path) else 0
 
 
 def load_records(paths: str | Iterable[str], limit: int | None = None, max_errors: int = 5,

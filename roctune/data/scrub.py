@@ -11,16 +11,20 @@ from roctune.data.pii import TYPES, Scrubber, line_may_match
 from roctune.data.readers import csv_delimiter, fast_jsonl_object, file_kind, iter_located, parse_jsonl_line
 from roctune.data.writers import RecordWriter, atomic_path, same_file
 from roctune.errors import DataError
+from roctune.progress import Meter
 from roctune.rundir import check_output_file
 
 
-def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
+def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber, meter: Meter) -> tuple[int, int]:
     """Bytes in, bytes out: a line is parsed (to validate it) and re-serialised only if something in it
     was redacted, so every other line is copied exactly."""
-    records = changed = 0
+    records = changed = pos = 0
     dumps = json.dumps
     with open(inp, "rb", buffering=1 << 20) as f, open(tmp, "wb", buffering=1 << 20) as out:
         for lineno, line in enumerate(f, 1):
+            pos += len(line)
+            if pos >= meter.due:
+                meter.update(pos)
             obj = fast_jsonl_object(line)
             if obj is None:
                 obj = parse_jsonl_line(line, inp, lineno)  # raises with the line number, or None if blank
@@ -47,7 +51,7 @@ def _csv_header(inp: str) -> list[str] | None:
             raise DataError(f"{inp}:1: not UTF-8 text; re-save the file as UTF-8") from None
 
 
-def _scrub_records(inp: str, kind: str, tmp: str, scrubber: Scrubber) -> tuple[int, int]:
+def _scrub_records(inp: str, kind: str, tmp: str, scrubber: Scrubber, meter: Meter) -> tuple[int, int]:
     """JSON arrays, CSV and Parquet: record by record, written back with the input's columns or schema."""
     fieldnames = _csv_header(inp) if kind == "csv" else None
     schema = None
@@ -57,7 +61,7 @@ def _scrub_records(inp: str, kind: str, tmp: str, scrubber: Scrubber) -> tuple[i
         schema = pq.ParquetFile(inp).schema_arrow
     writer = RecordWriter(tmp, kind, fieldnames=fieldnames, schema=schema, delimiter=csv_delimiter(inp))
     records = changed = 0
-    for _where, _num, obj in iter_located(inp, decode_json_cells=False):
+    for _where, _num, obj in iter_located(inp, decode_json_cells=False, on_read=meter.update):
         records += 1
         new, c = scrubber.value(obj)
         changed += c
@@ -78,8 +82,10 @@ def check_outputs(inp: str, out: str, report: str | None = None, overwrite: bool
         check_output_file(report, "--report", overwrite, (inp,))
 
 
-def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bool = False) -> dict:
-    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type.
+def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bool = False,
+               say=lambda *_: None) -> dict:
+    """Write a redacted copy of `inp` to `out` in the same format; returns counts per type. A long run reports
+    the bytes read through `say` (`scrubbing 310.0/1200.0 MiB  eta 0:41`).
 
     Never edits in place; `out` appears only when the whole file was read and written without error, and an
     existing `out` is replaced only with `overwrite`.
@@ -87,11 +93,12 @@ def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bo
     kind = file_kind(inp)
     check_outputs(inp, out, overwrite=overwrite)
     scrubber = Scrubber(types)
+    meter = Meter(os.path.getsize(inp), "scrubbing", say, in_bytes=True)
     with atomic_path(out) as tmp:
         if kind == "jsonl":
-            records, changed = _scrub_jsonl(inp, tmp, scrubber)
+            records, changed = _scrub_jsonl(inp, tmp, scrubber, meter)
         else:
-            records, changed = _scrub_records(inp, kind, tmp, scrubber)
+            records, changed = _scrub_records(inp, kind, tmp, scrubber, meter)
     counts = {t: scrubber.counts.get(t, 0) for t in TYPES if t in scrubber.types}
     return {"input": inp, "output": out, "format": kind, "records": records, "records_changed": changed,
             "counts": counts, "total": sum(counts.values())}
