@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -134,3 +136,42 @@ def test_data_scrub_reports_bytes_read_for_jsonl_and_json_arrays(tmp_path, capsy
     array.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     assert main(["data", "scrub", str(array), str(tmp_path / "out.json")]) == 0
     _bytes_lines(capsys.readouterr().err, "scrubbing")
+
+
+def test_webui_train_status_shows_the_latest_phase_of_the_log(tiny_lora_run):
+    from roctune.webui.jobs import TrainJob, phase
+    from roctune.webui.train import running_status
+
+    _, lines = tiny_lora_run
+
+    def first(prefix: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+    first_token = first("tokenizing training data ")
+    assert phase("\n".join(lines[:first_token])) is None  # device, dtype, ...: no phase yet
+    for prefix in ("tokenizing training data ", "step 1/2 ", "saving the final model", "evaluating batch "):
+        i = first(prefix)  # the log so far ends with this line: it is the phase, whatever came before
+        assert phase("\n".join(lines[:i + 1] + ["trainable parameters: 7,168"])) == lines[i], prefix
+    assert re.fullmatch(r"step 2/2 .* eta \d+:\d\d", phase("\n".join(lines)))  # then "done: ..." (not a phase)
+
+    job = TrainJob([sys.executable, "-m", "roctune", "train", "--config", "x.yaml"], "out",
+                   SimpleNamespace(poll=lambda: None), "log")
+    log = "\n".join(lines[:first_token + 1]) + "\n"
+    assert running_status(job, log) == f"running: {lines[first_token]}\nstarted: roctune train --config x.yaml"
+    assert running_status(job, "").startswith("running: starting\n")
+    job.stopped = True
+    assert running_status(job, log).startswith("stopping...\n")
+
+
+def test_webui_train_tick_puts_the_phase_in_the_status_box(tiny_lora_run, tmp_path):
+    gr = pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from roctune.webui.jobs import TrainJob
+    from roctune.webui.train import tick_handler
+
+    run, lines = tiny_lora_run
+    first_eval = next(i for i, line in enumerate(lines) if line.startswith("evaluating batch "))
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines[:first_eval + 1]) + "\n", encoding="utf-8")
+    job = TrainJob(["python", "-m", "roctune", "train"], run, SimpleNamespace(poll=lambda: None), str(log))
+    status = tick_handler(gr, {"job": job}, 0)()[0]
+    assert "running: evaluating batch 1/3  eta " in status and "started: roctune train" in status, status

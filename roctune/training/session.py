@@ -182,6 +182,7 @@ def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
     """After the loop: save the final model (unless the loop saved it before its last evaluation and it has not
     changed since), say where, and leave the process group. Returns `summary`."""
     if not summary.pop("saved_final", False):
+        say(f"saving the final model to {cfg.output}")
         save_final(cfg, model, tokenizer, dist)
     elif dist.is_main:
         rundir.plot_loss(cfg.output)  # the curve now includes the last evaluation

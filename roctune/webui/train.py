@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from roctune.rundir import read_metrics, total_steps
 from roctune.webui.html import box, error_line, esc, gib, guard
-from roctune.webui.jobs import TrainJob, cli_error
+from roctune.webui.jobs import TrainJob, cli_error, phase
 from roctune.webui.train_form import ESTIMATE_FIELDS, FORM_GROUPS, OPEN_GROUPS, component, fill_config, \
     form_config, form_specs
 
@@ -61,6 +61,13 @@ def progress_text(metrics: list[dict], total: int | None, job: TrainJob | None) 
         eta = sum(recent) / len(recent) * (total - step)
         parts.append(f"ETA {int(eta // 60)}:{int(eta % 60):02d}")
     return " | ".join(parts)
+
+
+def running_status(job: TrainJob, log_text: str) -> str:
+    """What a running job is doing, from its log (`running: tokenizing training data 1200/5000  eta 0:41`), and
+    the command it runs."""
+    doing = "stopping..." if job.stopped else f"running: {phase(log_text) or 'starting'}"
+    return f"{doing}\nstarted: {job.command}"
 
 
 def loss_frame(metrics: list[dict]):
@@ -144,7 +151,8 @@ def tick_handler(gr, state, n_followers: int):
         prog = progress_text(metrics, total_steps(job.output), job)
         log, frame = job.log_text(), loss_frame(metrics)
         if job.running:
-            return (keep, prog, frame, log, keep) + (keep,) * n_followers + (gr.Timer(active=True),)
+            status = box(running_status(job, log), "info")
+            return (status, prog, frame, log, keep) + (keep,) * n_followers + (gr.Timer(active=True),)
         rc = job.proc.returncode
         if rc == 0:
             status = box(f"done: adapter saved to {job.output}", "ok")
