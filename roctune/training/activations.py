@@ -122,9 +122,8 @@ def mask_lora_dropout(model) -> int:
 
 
 def _gated_mlp_forward(mlp, x):
-    from torch.utils.checkpoint import checkpoint
-
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     gate, up = mlp.gate_proj(x), mlp.up_proj(x)
     if mlp.training and torch.is_grad_enabled():
