@@ -14,10 +14,13 @@ function: Liger-Kernel's fused linear cross-entropy does the same on Triton GPUs
 run on every device."""
 from __future__ import annotations
 
+import functools
+
 # Logit elements per chunk: 8 Mi fp32 values = 32 MiB at a time (170 rows of a 49k vocabulary).
 CHUNK_ELEMENTS = 8 * 2 ** 20
 
 
+@functools.lru_cache(maxsize=1)
 def _token_logprobs_class():
     import torch
     import torch.nn.functional as F
@@ -52,19 +55,19 @@ def _token_logprobs_class():
     return TokenLogprobs
 
 
-_CLASS = []
-
-
 def token_logprobs(hidden, weight, targets):
     """log-probabilities of `targets` under logits hidden @ weight.T, shape [rows], for a frozen weight."""
-    if not _CLASS:
-        _CLASS.append(_token_logprobs_class())
-    return _CLASS[0].apply(hidden, weight, targets)
+    return _token_logprobs_class().apply(hidden, weight, targets)
+
+
+def _base(model):
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def supports_hidden_state_loss(model) -> bool:
     """True when logits are exactly lm_head(final hidden state)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     cfg = base.config
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
         return False
@@ -77,16 +80,14 @@ def _frozen_head(model, supervised_only: bool):
 
     if not supervised_only:
         return None
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
+    head = _base(model).get_output_embeddings()
     if type(head) is not torch.nn.Linear or head.bias is not None or head.weight.requires_grad:
         return None
     return head.weight
 
 
 def _hidden(model, batch):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+    return _base(model).get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
 
 
@@ -96,8 +97,7 @@ def supervised_logits(model, batch, supervised_only: bool):
     targets = batch.labels[:, 1:]
     mask = targets != -100
     if supervised_only:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        logits = base.get_output_embeddings()(_hidden(model, batch)[:, :-1][mask])
+        logits = _base(model).get_output_embeddings()(_hidden(model, batch)[:, :-1][mask])
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids, use_cache=False)
@@ -105,25 +105,31 @@ def supervised_logits(model, batch, supervised_only: bool):
     return logits, targets[mask], mask
 
 
+def _chunked_logprobs(model, batch, weight):
+    """(logp, mask) through `token_logprobs` with the frozen output layer `weight`."""
+    targets = batch.labels[:, 1:]
+    mask = targets != -100
+    return token_logprobs(_hidden(model, batch)[:, :-1][mask], weight, targets[mask]), mask
+
+
 def supervised_logprobs(model, batch, supervised_only: bool):
     """(logp, mask): log-probability of each supervised target token, and the [B, T-1] mask of their positions."""
     import torch
 
     weight = _frozen_head(model, supervised_only)
-    if weight is None:
-        logits, targets, mask = supervised_logits(model, batch, supervised_only)
-        return torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1), mask
-    targets = batch.labels[:, 1:]
-    mask = targets != -100
-    return token_logprobs(_hidden(model, batch)[:, :-1][mask], weight, targets[mask]), mask
+    if weight is not None:
+        return _chunked_logprobs(model, batch, weight)
+    logits, targets, mask = supervised_logits(model, batch, supervised_only)
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1), mask
 
 
 def token_loss_sum(model, batch, supervised_only: bool):
     """Sum of token cross-entropies over the batch's supervised positions (a scalar tensor)."""
     import torch.nn.functional as F
 
-    if _frozen_head(model, supervised_only) is not None:
-        return -supervised_logprobs(model, batch, supervised_only)[0].sum()
+    weight = _frozen_head(model, supervised_only)
+    if weight is not None:
+        return -_chunked_logprobs(model, batch, weight)[0].sum()
     logits, targets, _ = supervised_logits(model, batch, supervised_only)
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
