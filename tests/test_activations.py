@@ -43,7 +43,19 @@ def _loss_and_grads(model, batch):
     loss = token_loss_sum(model, batch, True)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-    return loss.detach(), grads, torch.rand(3)  # the draw after backward: the RNG stream moved on identically
+    return loss.detach(), grads
+
+
+class _Replay(torch.nn.Module):
+    """Stands in for peft's lora_dropout: multiplies by the next recorded (keep, scale), as F.dropout would."""
+
+    def __init__(self, masks: list):
+        super().__init__()
+        self.masks = masks
+
+    def forward(self, x):
+        keep, scale = self.masks.pop(0)
+        return x * keep * scale
 
 
 def _saved_bytes(model, batch) -> int:
@@ -63,21 +75,70 @@ def _saved_bytes(model, batch) -> int:
     return sum(seen.values())
 
 
-def test_slim_model_gives_the_plain_peft_numbers_bit_for_bit():
-    from roctune.training.activations import slim
+def test_slim_model_gives_the_plain_peft_numbers_with_the_same_dropout_masks(monkeypatch):
+    from roctune.training import activations
+
+    drawn = []
+
+    def recording(x, p):
+        drawn.append(keep_mask(x, p))
+        return drawn[-1]
+
+    keep_mask = activations.keep_mask
+    monkeypatch.setattr(activations, "keep_mask", recording)
+    batch = _batch()
+    plain, slimmed = _tiny_lora(0.3), _tiny_lora(0.3)
+    said = activations.slim(slimmed)
+    assert "8 LoRA dropouts keep" in said and "2 MLPs recompute" in said
+    loss_b, grads_b = _loss_and_grads(slimmed, batch)
+    assert len(drawn) == 8 and all(k.dtype == torch.uint8 for k, _ in drawn)
+    replay = list(drawn)  # the masks in call order: q, k, v, o of layer 0, then layer 1
+    for module in plain.modules():
+        if isinstance(getattr(module, "lora_dropout", None), torch.nn.ModuleDict):
+            module.lora_dropout["default"] = _Replay(replay)
+    loss_a, grads_a = _loss_and_grads(plain, batch)
+    assert not replay  # every recorded mask was used once
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 16
+    for name in grads_a:  # the 1/(1-p) scale is applied to the r-wide side: equal up to float rounding
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5,
+                                   atol=1e-5 * grads_a[name].abs().max().item(), msg=name)
+    assert any(g.abs().max() > 0 for g in grads_a.values())
+
+
+def test_keep_mask_drops_each_element_with_probability_p_reproducibly():
+    from roctune.training.activations import keep_mask
+
+    x = torch.empty(250_001)  # not a multiple of the four elements one 64-bit draw serves
+    for p in (0.05, 0.3):
+        torch.manual_seed(1)
+        keep, scale = keep_mask(x, p)
+        assert keep.shape == x.shape and set(keep.unique().tolist()) == {0, 1}
+        p_used = 1 - 1 / scale
+        assert abs(p_used - p) <= 2 ** -17  # p rounded to 16 bits, and the scale made from that p
+        for lane in range(4):  # each 16-bit lane of a draw drops at rate p (a lane without a sign bit would not)
+            dropped = 1 - keep[lane::4].double().mean().item()
+            assert abs(dropped - p_used) < 5 * (p_used * (1 - p_used) / (x.numel() / 4)) ** 0.5, (p, lane, dropped)
+        torch.manual_seed(1)
+        assert torch.equal(keep_mask(x, p)[0], keep)  # torch.manual_seed reproduces it
+        assert not torch.equal(keep_mask(x, p)[0], keep)  # and the stream moves on
+
+
+def test_dropout_masks_are_redrawn_identically_under_gradient_checkpointing():
+    from roctune.training.activations import mask_lora_dropout, slim
 
     batch = _batch()
-    plain = _tiny_lora(0.3)
-    slimmed = _tiny_lora(0.3)
-    said = slim(slimmed)
-    assert "8 LoRA dropouts keep" in said and "2 MLPs recompute" in said
-    loss_a, grads_a, after_a = _loss_and_grads(plain, batch)
-    loss_b, grads_b, after_b = _loss_and_grads(slimmed, batch)
-    assert torch.equal(loss_a, loss_b)
-    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 16
-    for name in grads_a:
-        assert torch.equal(grads_a[name], grads_b[name]), name
-    assert torch.equal(after_a, after_b)
+    slimmed, checkpointed = _tiny_lora(0.3), _tiny_lora(0.3)
+    slim(slimmed)
+    assert mask_lora_dropout(checkpointed) == 8
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.enable_input_require_grads()
+    loss_a, grads_a = _loss_and_grads(slimmed, batch)
+    loss_b, grads_b = _loss_and_grads(checkpointed, batch)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-6)
+    for name in grads_a:  # a layer recomputed in backward drew other masks than its forward: gradients would differ
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-5,
+                                   atol=1e-5 * grads_a[name].abs().max().item(), msg=name)
 
 
 def test_slim_model_keeps_fewer_bytes_for_backward():

@@ -1,4 +1,5 @@
-"""Activation memory: what autograd keeps between forward and backward, made smaller without changing a number.
+"""Activation memory: what autograd keeps between forward and backward, made smaller, and the LoRA dropout made
+cheaper on the CPU.
 
 Measured on the bundled model (30 layers), LoRA r8 with dropout 0.05 on q/k/v/o, one micro-batch of 2 x 512
 tokens, fp32 on the CPU (`scripts/activation_memory.py` lists every kept tensor): plain peft keeps 1,569 MiB for
@@ -8,21 +9,23 @@ backward, roctune 817 MiB.
   dropped copy of x (lora_A's input) and, on the CPU, the dropout noise as a float tensor of the same size: two
   copies of x per module, eight per layer, 533 MiB. `mask_lora_dropout` moves the dropout into lora_A as
   one autograd function that keeps x (q, k and v share it: one copy for three modules) and a one-byte keep mask,
-  and rebuilds the dropped input in backward: about 135 MiB. The mask comes from the same dropout call on the same RNG
-  stream, so losses and weights are bit for bit those of plain peft (tests/test_golden_losses.py,
-  tests/test_activations.py). Redrawing the mask in backward instead (torch.utils.checkpoint) kept less but cost
-  ~10% of the step time on the CPU, in random number generation.
+  and rebuilds the dropped input in backward: about 135 MiB. On the CPU the mask comes from `keep_mask`, about 3x
+  cheaper to draw than torch's dropout (see there): the same distribution, not the same random numbers as plain
+  peft, so LoRA losses with dropout differ from peft's as two seeds do. Given the same masks, the gradients are
+  peft's up to float rounding (tests/test_activations.py). Redrawing the mask in backward instead
+  (torch.utils.checkpoint) kept less but cost ~10% of the step time on the CPU, in random number generation.
 - The gated MLP. `down(act(gate(x)) * up(x))` keeps gate(x) for act, and act(gate(x)) and up(x) for the multiply:
   three [tokens x intermediate] tensors, 540 MiB. `checkpoint_gated_mlp` recomputes act(gate(x)) in backward
-  (one element-wise pass, torch's own activation checkpoint) and keeps two: 360 MiB.
+  (one element-wise pass, torch's own activation checkpoint) and keeps two: 360 MiB, bit for bit.
 - The output layer's logits (176 MiB here, plus as much again in backward) are handled in
   `roctune.training.losses`: chunked, never all at once.
 
-Time, measured interleaved in one process (plain and slim models alternating micro-batch by micro-batch, so the
-shared machine's noise hits both): on the 2 x 512 micro-batch 6.5 s plain, 5.7 s slim (the chunked output layer
-wins more than the rest costs); over all 48 micro-batches of `roctune bench` on LLaMA-Factory's alpaca demo
-(~210 tokens per example) 98.4 s plain, 102.1 s slim (+3.7%; the dropout saver ~1.7% of it). Both savers here are
-off under --grad-checkpointing, which already recomputes whole layers."""
+Time, measured interleaved in one process (plain peft with the full log-softmax and the slim model alternating
+micro-batch by micro-batch, so the shared machine's noise hits both), over all 48 micro-batches of `roctune bench`
+on LLaMA-Factory's alpaca demo (~210 tokens per example): 160.8 s plain, 145.2 s slim (-9.7%). With torch's dropout
+noise in place of `keep_mask` the slim model was 3.7% slower than plain: the dropout draws alone are 8.5% of a
+step in torch.profiler. Under --grad-checkpointing, which already recomputes whole layers, only the dropout moves
+(its masks are drawn again, identically, when a layer is recomputed: checkpoint restores the RNG state)."""
 from __future__ import annotations
 
 import functools
@@ -35,46 +38,69 @@ GATED_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Olmo2MLP", "Gem
               "GraniteMLP", "CohereMLP", "StableLmMLP"}
 
 
+# Dropout probability resolution on the CPU: each element draws 16 random bits (see keep_mask).
+MASK_BITS = 16
+
+
+def keep_mask(x, p: float):
+    """(keep, scale): a 0/1 tensor of x's shape that is 0 with probability p, independently per element, and
+    1 / (1 - p), for dropout; drawn from torch's default generator (torch.manual_seed and checkpoint resume
+    reproduce it).
+
+    Why not torch's own dropout on the CPU: its bernoulli_ draws one random number per element through a serial
+    generator, about 10 ns per element on the 2-core test machine, 8.5% of a LoRA training step in
+    torch.profiler (120 calls per micro-batch on the bundled model). Here one 64-bit draw serves four elements
+    (16 bits each, compared with a threshold), about 3x faster for the same i.i.d. Bernoulli distribution with p
+    rounded to a multiple of 1/65536 (0.05 -> 0.049988; the scale uses the rounded p, so E[mask * scale] = 1).
+    Not the numbers of F.dropout: losses are as random as before, not equal to plain peft's. On GPUs, dropout is
+    one fused kernel already and is used as is."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.device.type != "cpu":
+        n = F.dropout(torch.ones_like(x), p, True)
+        return n.ne(0), float(1 / (1 - p))
+    levels = 2 ** MASK_BITS
+    drop = round(p * levels)
+    words = -(-x.numel() * MASK_BITS // 64)
+    bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (words,), dtype=torch.int64)
+    # the 16-bit lanes of uniform 64-bit words are uniform on [-32768, 32767]: the lowest `drop` values drop.
+    # uint8, not bool: torch's CPU kernels multiply a float tensor by uint8 ~3x faster than by bool
+    keep = torch.empty(x.shape, dtype=torch.uint8)
+    torch.ge(bits.view(torch.int16)[:x.numel()].view(x.shape), drop - levels // 2, out=keep)
+    return keep, levels / (levels - drop)
+
+
 def _make_dropped_linear():
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
-    def noise(x, p):
-        """The keep/scale tensor F.dropout(x, p) multiplies x by, from the same random draws, and its scale. On the
-        CPU that is dropout's own code (bernoulli, then divide by 1 - p); elsewhere dropout may be one fused
-        kernel, so it is dropout applied to ones."""
-        if x.device.type == "cpu":
-            return torch.empty_like(x).bernoulli_(1 - p).div_(1 - p), torch.ones((), dtype=x.dtype).div_(1 - p)
-        n = F.dropout(torch.ones_like(x), p, True)
-        return n, n.max()
-
     class DropThenLinear(torch.autograd.Function):
         """F.linear(F.dropout(x, p), weight), keeping x (shared with the base layer and the other adapters on the
-        same input) and a one-byte keep mask instead of the dropped copy and the float noise. Backward rebuilds the
-        noise and the dropped input and runs the two matmuls autograd's linear backward runs, in the forward's
-        compute dtype (autocast), in the same order, so the gradients are those of plain peft. The mask is stored,
-        not redrawn: redrawing x-sized random numbers per module cost ~10% of the step time on the CPU."""
+        same input) and a one-byte keep mask instead of the dropped copy and the float noise. The 1 / (1 - p) scale
+        is applied to the r-wide output (and to the r-wide gradient in backward) instead of the input-wide x.
+        Backward rebuilds the dropped input from x and the mask, in the forward's compute dtype (autocast). The mask
+        is stored, not redrawn: redrawing x-sized random numbers per module cost ~10% of the step time on the CPU."""
 
         @staticmethod
         def forward(ctx, x, weight, p):
-            n, scale = noise(x, p)
-            out = F.linear(x * n, weight)
-            ctx.compute_dtype = out.dtype  # the autocast dtype when autocast is on
-            ctx.save_for_backward(x, weight, n.ne(0), scale)
+            keep, scale = keep_mask(x, p)
+            out = F.linear(x * keep, weight) * scale
+            ctx.compute_dtype, ctx.scale = out.dtype, scale  # the autocast dtype when autocast is on
+            ctx.save_for_backward(x, weight, keep)
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
-            x, weight, keep, scale = ctx.saved_tensors
-            n = keep * scale  # exactly the forward's noise: 0 or the same rounded 1 / (1 - p)
+            x, weight, keep = ctx.saved_tensors
             dt = ctx.compute_dtype
-            g = grad_out.reshape(-1, grad_out.shape[-1]).to(dt)
-            dropped = (x * n).reshape(-1, x.shape[-1]).to(dt)
+            g = (grad_out.reshape(-1, grad_out.shape[-1]) * ctx.scale).to(dt)
+            dropped = (x * keep).reshape(-1, x.shape[-1]).to(dt)
             grad_w = (g.t().mm(dropped)).to(weight.dtype)
             grad_x = None
             if ctx.needs_input_grad[0]:
-                grad_x = g.mm(weight.to(dt)).to(x.dtype).reshape(x.shape) * n
+                grad_x = g.mm(weight.to(dt)).to(x.dtype).reshape(x.shape) * keep
             return grad_x, grad_w, None
 
     class DroppedInputLinear(nn.Linear):
@@ -149,7 +175,7 @@ def checkpoint_gated_mlp(model) -> int:
 
 
 def slim(model) -> str:
-    """Apply both; returns what changed, for the log."""
+    """Apply both (without --grad-checkpointing); returns what changed, for the log."""
     n_lora, n_mlp = mask_lora_dropout(model), checkpoint_gated_mlp(model)
     return (f"{n_lora} LoRA dropouts keep a 1-byte mask instead of two copies of their input; "
             f"{n_mlp} MLPs recompute act(gate) in backward")

@@ -121,12 +121,13 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
     from roctune.methods import build_model
 
     model = build_model(cfg, setup, base_model, say)
+    from roctune.training.activations import mask_lora_dropout, slim
+
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
+        log.info("LoRA dropout: %d adapters draw a 1-byte mask", mask_lora_dropout(model))
     else:
-        from roctune.training.activations import slim
-
         log.info("activation memory: %s", slim(model))
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
