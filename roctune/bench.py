@@ -237,13 +237,17 @@ def worker(kind: str, spec: str) -> None:
     w = Workload(**json.loads(spec))
     result = run_roctune(w) if kind == "roctune" else run_baseline(w)
     result["peak_memory_bytes"] = _peak_memory(result["device"])
+    result["huge_pages"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
     print("BENCH_RESULT " + json.dumps(result))
 
 
 # ------------------------------------------------------------------------------------------------ parent
 def run_child(kind: str, w: Workload) -> dict:
+    from roctune.hardware.allocator import users_environment
+
     cmd = [sys.executable, "-m", "roctune.bench", "--worker", kind, json.dumps(asdict(w))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # the baseline runs as its users run it: without the huge-page setting roctune made for itself
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=users_environment() if kind == "baseline" else None)
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
             return json.loads(line[len("BENCH_RESULT "):])
@@ -259,7 +263,8 @@ def summarize(name: str, r: dict, peak_flops: float, flops_per_token: float) -> 
     return {"run": name, "attn": r["attn"], "packed": r["packed"], "tokens_per_s": tps,
             "supervised_tokens_per_s": r["supervised_tokens"] / seconds,
             "s_per_step": seconds / max(1, len(r["losses"])), "mfu": tps * flops_per_token / peak_flops,
-            "peak_memory_bytes": r["peak_memory_bytes"], "final_loss": r["losses"][-1],
+            "peak_memory_bytes": r["peak_memory_bytes"], "huge_pages": r.get("huge_pages", False),
+            "final_loss": r["losses"][-1],
             "mean_loss": sum(r["losses"]) / len(r["losses"]), "losses": r["losses"], "tokens": r["tokens"]}
 
 

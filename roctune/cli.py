@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from roctune.hardware.allocator import use_huge_pages
+
+    use_huge_pages()  # before anything imports torch: it reads the setting once
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Library deprecation notices and bitsandbytes' note about an optional CPU kernel package say nothing a
     # user can act on; keep the terminal for roctune's own messages.
