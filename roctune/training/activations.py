@@ -61,7 +61,7 @@ def keep_mask(x, p: float):
         n = F.dropout(torch.ones_like(x), p, True)
         return n.ne(0), float(1 / (1 - p))
     levels = 2 ** MASK_BITS
-    drop = round(p * levels)
+    drop = min(round(p * levels), levels - 1)  # p < 1 (the config's bound) stays below 1 after rounding
     words = -(-x.numel() * MASK_BITS // 64)
     bits = torch.randint(-2 ** 63, 2 ** 63 - 1, (words,), dtype=torch.int64)
     # the 16-bit lanes of uniform 64-bit words are uniform on [-32768, 32767]: the lowest `drop` values drop.

@@ -119,10 +119,9 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
     """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
     when asked; logs how many parameters train."""
     from roctune.methods import build_model
-
-    model = build_model(cfg, setup, base_model, say)
     from roctune.training.activations import mask_lora_dropout, slim
 
+    model = build_model(cfg, setup, base_model, say)
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
