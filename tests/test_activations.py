@@ -78,13 +78,12 @@ def _saved_bytes(model, batch) -> int:
 def test_slim_model_gives_the_plain_peft_numbers_with_the_same_dropout_masks(monkeypatch):
     from roctune.training import activations
 
-    drawn = []
+    drawn, keep_mask = [], activations.keep_mask
 
     def recording(x, p):
         drawn.append(keep_mask(x, p))
         return drawn[-1]
 
-    keep_mask = activations.keep_mask
     monkeypatch.setattr(activations, "keep_mask", recording)
     batch = _batch()
     plain, slimmed = _tiny_lora(0.3), _tiny_lora(0.3)
