@@ -234,10 +234,12 @@ def model_flops_per_token(model_dir: str, seq_len: float, lora_r: int, n_targets
 
 
 def worker(kind: str, spec: str) -> None:
+    from roctune.hardware import allocator
+
     w = Workload(**json.loads(spec))
     result = run_roctune(w) if kind == "roctune" else run_baseline(w)
     result["peak_memory_bytes"] = _peak_memory(result["device"])
-    result["huge_pages"] = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+    result["huge_pages"] = os.environ.get(allocator.ENV) == "1"
     print("BENCH_RESULT " + json.dumps(result))
 
 
