@@ -19,7 +19,7 @@ from typing import Any
 
 from roctune.errors import ConfigError
 
-DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj"]
+DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
 STAGES = ("sft", "dpo")
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
@@ -95,7 +95,9 @@ class TrainConfig:
     lora_r: int = setting(8, "LoRA rank", gt=0, group="lora")
     lora_alpha: float = setting(16, "LoRA alpha (scale = alpha / r)", gt=0, group="lora")
     lora_dropout: float = setting(0.05, "LoRA dropout", ge=0, lt=1, group="lora")
-    target_modules: list[str] = setting(DEFAULT_TARGET_MODULES, "modules to adapt, or all-linear", metavar="NAME",
+    target_modules: list[str] = setting(DEFAULT_TARGET_MODULES, "modules to adapt: auto (the model family's attention "
+                                        "projections: q/k/v/o_proj, Phi-3's qkv_proj/o_proj), all-linear, or names",
+                                        metavar="NAME",
                                         group="lora", aliases=("--lora-target",))
     use_dora: bool = setting(False, "DoRA: weight-decomposed LoRA (slower, often better at low rank)", group="lora")
     use_rslora: bool = setting(False, "rank-stabilized LoRA (scale = alpha / sqrt(r))", group="lora")
@@ -184,7 +186,7 @@ class TrainConfig:
         if self.fsdp and self.nproc * self.nnodes < 2:
             raise ConfigError("--fsdp shards the model over several processes; add --nproc N (N >= 2)")
         if not self.target_modules:
-            raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj) or all-linear")
+            raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
 
     def _check_best(self) -> None:

@@ -24,7 +24,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top.
     The run directory of a freeze/full training holds a whole model: it is loaded as the model itself."""
     from roctune.hardware import choose_attention, choose_device, choose_dtype
-    from roctune.models import load_model, load_tokenizer, resolve_model
+    from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
     base_name = model
     if adapter is not None and model is None:
@@ -45,7 +45,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     base = resolve_model(base_name)
     dev = choose_device(device).value
     dt = choose_dtype(dtype, dev).value
-    attn = choose_attention("auto", dev, dt).value
+    attn = fit_attention(choose_attention("auto", dev, dt), "auto", base).value
     if attn == "flash_attention_2":
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
     tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
@@ -81,6 +81,8 @@ def generate(loaded: Loaded, messages_list: list[list[dict]], max_new_tokens: in
 
     import torch
 
+    from roctune.models import stop_token_ids
+
     tok = loaded.tokenizer
     prompts = [render_prompt(tok, msgs) for msgs in messages_list]
     tok.padding_side = "left"
@@ -90,6 +92,7 @@ def generate(loaded: Loaded, messages_list: list[list[dict]], max_new_tokens: in
         ctx = loaded.model.disable_adapter()
     with ctx, torch.inference_mode():
         out = loaded.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
-                                    streamer=streamer, **_sampling_kwargs(temperature, top_p))
+                                    eos_token_id=stop_token_ids(loaded.model, tok), streamer=streamer,
+                                    **_sampling_kwargs(temperature, top_p))
     new = out[:, enc["input_ids"].shape[1]:]
     return [tok.decode(row, skip_special_tokens=True).strip() for row in new]

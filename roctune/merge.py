@@ -112,13 +112,15 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
     import torch
     from peft import PeftModel
 
-    from roctune.hardware import torch_dtype
+    from roctune.hardware import Choice, torch_dtype
     from roctune.methods import bitsandbytes_problem, load_4bit
+    from roctune.models import fit_attention
 
     problem = bitsandbytes_problem("cpu")
     if problem:
         raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
-    base4 = load_4bit(base_model, dtype, "cpu", "sdpa", trust_remote_code)
+    attn = fit_attention(Choice("sdpa", "the CPU's kernel"), "auto", base_model).value
+    base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code)
     model = PeftModel.from_pretrained(base4, adapter)
     model.eval()
     with torch.no_grad():

@@ -134,6 +134,8 @@ def check(cfg, base_model: str) -> None:
         return  # load_model reports an unloadable model with its own message
     leaves = _leaf_names(meta)
     if cfg.method in ADAPTER_METHODS and not cfg.adapter:
+        if "auto" in cfg.target_modules:
+            cfg.target_modules = auto_targets(meta, leaves, cfg.target_modules)
         targets = cfg.target_modules
         if targets != ["all-linear"]:
             missing = [t for t in targets if t not in leaves]
@@ -168,6 +170,30 @@ def check(cfg, base_model: str) -> None:
         if cfg.freeze_trainable_layers == 0 and not cfg.freeze_extra_modules:
             raise ConfigError("--freeze-trainable-layers 0 trains nothing; give N > 0 (last N layers), N < 0 "
                               "(first N) or name modules with --freeze-extra-modules")
+
+
+def auto_targets(meta, leaves: set[str], given: list[str]) -> list[str]:
+    """`--target-modules auto`: the family's attention projections (roctune.families); for a model outside the
+    table, q/k/v/o_proj when it has them, else peft's default for its model type; otherwise one error naming the
+    linear layers to choose from."""
+    from roctune.families import ATTENTION, family_of
+
+    if given != ["auto"]:
+        raise ConfigError(f"--target-modules {' '.join(given)}: auto stands alone (it picks the model family's "
+                          "attention projections); drop it or the other names")
+    family = family_of(meta.config)
+    if family is not None:
+        return list(family.targets)
+    if set(ATTENTION) <= leaves:
+        return list(ATTENTION)
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+    known = PEFT_DEFAULTS.get(meta.config.model_type)
+    if known and set(known) <= leaves:
+        return list(known)
+    raise ConfigError(f"--target-modules auto: model type {meta.config.model_type!r} is not in roctune's family "
+                      f"table; name the modules to adapt from its linear layers: {', '.join(_linear_names(meta))} "
+                      "(or all-linear)")
 
 
 # ----------------------------------------------------------------------------------------- build models
@@ -219,6 +245,8 @@ def attach_lora(model, cfg):
         return PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
     from peft import get_peft_model
 
+    if "auto" in cfg.target_modules:  # check() resolves it before loading; a model it could not build on meta here
+        cfg.target_modules = auto_targets(model, _leaf_names(model), cfg.target_modules)
     return get_peft_model(model, lora_config(cfg))
 
 

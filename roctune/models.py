@@ -119,8 +119,27 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    ensure_chat_template(tok)
+    if tok.pad_token_id is None:
+        _family_pad(tok, path)
+    ensure_chat_template(tok)  # the EOS pads where nothing better is known
     return tok
+
+
+def _family_pad(tokenizer, path: str) -> None:
+    """A tokenizer without a pad token gets its family's reserved pad token when it has one (Llama 3.1's
+    <|finetune_right_pad_id|>), so padding is never the token that ends an answer."""
+    from roctune.families import family_of
+    from roctune.memory.configs import load_config
+
+    try:
+        family = family_of(load_config(path))
+    except Exception:  # noqa: BLE001 - a folder without a readable config.json (an adapter's tokenizer)
+        return
+    vocab = tokenizer.get_vocab() if family else {}
+    for token in family.pad_tokens if family else ():
+        if token in vocab:
+            tokenizer.pad_token = token
+            return
 
 
 def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = "sdpa",
@@ -145,3 +164,45 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
     finally:
         hf_logging.enable_progress_bar()
     return model.to(device)
+
+
+def fit_attention(choice, requested: str, model_dir: str):
+    """The attention kernel `choice` (roctune.hardware.choose_attention's) adjusted to the model's family: Gemma 2
+    soft-caps attention scores (families.Family.attention_softcap), which SDPA cannot compute (transformers refuses
+    it), so `auto` takes eager there and `--attn sdpa` is refused with the alternatives."""
+    from roctune.families import config_value, family_of
+    from roctune.hardware import Choice
+    from roctune.memory.configs import load_config
+
+    if choice.value != "sdpa":
+        return choice
+    try:
+        config = load_config(model_dir)
+    except Exception:  # noqa: BLE001 - an unreadable config is reported by the model load with its own message
+        return choice
+    family = family_of(config)
+    cap = config_value(config, family.attention_softcap) if family else None
+    if not cap:
+        return choice
+    if requested == "sdpa":
+        raise ModelError(f"--attn sdpa: {family.title} soft-caps attention scores ({family.attention_softcap}={cap}), "
+                         "which SDPA cannot compute; use --attn eager (or flash_attention_2 on a GPU)")
+    return Choice("eager", f"{family.title} soft-caps attention scores ({family.attention_softcap}={cap}), which "
+                           "SDPA cannot compute; flash-attn can, on a GPU")
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Token ids that end an answer: the model's generation config's EOS ids, the tokenizer's EOS, and the end-of-turn
+    tokens its family's chat template puts after each answer (families.Family.end_of_turn) where the vocabulary has
+    them, so generation stops where training taught the answer to stop even when generation_config.json lacks one."""
+    from roctune.families import family_of
+
+    config = getattr(model, "config", None)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    family = family_of(config) if config is not None else None
+    vocab = tokenizer.get_vocab() if family else {}
+    ids += [vocab[t] for t in (family.end_of_turn if family else ()) if t in vocab]
+    return list(dict.fromkeys(ids))

@@ -30,6 +30,7 @@ def main() -> None:
     from roctune.data.render import tokenize_records
     from roctune.models import load_tokenizer, resolve_model
     from roctune.training import losses
+    from roctune.training import shortcuts
     from roctune.training.activations import slim
     from roctune.training.batching import collate
 
@@ -41,10 +42,11 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="sdpa")
     model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, lora_dropout=0.05,
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    plan = shortcuts.plan(model)
     if args.plain:
-        losses._frozen_head = lambda model, supervised_only: None  # the log-softmax path, logits kept
+        losses._frozen_head = lambda model, head: None  # the log-softmax path, logits kept
     else:
-        print(slim(model))
+        print(slim(model, plan.on, plan.family))
     model.train()
     batch = collate(examples, tok.pad_token_id, False, "cpu")
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -59,7 +61,7 @@ def main() -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = losses.token_loss_sum(model, batch, True)
+        loss = losses.token_loss_sum(model, batch, plan.head)
     print(f"micro-batch {list(batch.input_ids.shape)}, {int(batch.n_supervised)} supervised positions")
     print(f"kept for backward: {sum(seen.values()) / 2 ** 20:,.0f} MiB in {len(seen)} tensors")
     for (shape, dtype), n in by_shape.most_common(12):

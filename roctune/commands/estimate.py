@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--lora-r", type=int, default=8, help="LoRA rank")
     p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (adds a saved mask)")
     p.add_argument("--target-modules", nargs="+", metavar="NAME", default=None,
-                   help="modules to adapt (default: q/k/v/o projections) or all-linear")
+                   help="modules to adapt (default: the model family's attention projections) or all-linear")
     p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                    help="auto: bf16 on a GPU, fp32 with --device cpu")

@@ -128,7 +128,10 @@ def load_pairs(paths, max_errors: int = 5) -> list[Pair]:
 def tokenize_answer(tokenizer, prompt: list[dict], answer: str, max_length: int) -> tuple[list[int], list[int]]:
     """(ids, labels) of prompt + answer rendered by the chat template; labels only on the final answer."""
     ids, labels = tokenize_conversation(tokenizer, prompt + [{"role": "assistant", "content": answer}])
-    start = len(labels)
+    end = len(labels)
+    while end > 0 and labels[end - 1] == -100:  # what a template writes after the last turn (Phi-3's EOS)
+        end -= 1
+    start = end
     while start > 0 and labels[start - 1] != -100:
         start -= 1
     labels = [-100] * start + labels[start:]  # earlier assistant turns of the prompt are context only

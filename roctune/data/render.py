@@ -143,17 +143,74 @@ def _normalise(m: dict) -> dict:
     return m
 
 
+@dataclass(frozen=True)
+class TemplateTraits:
+    """What a chat template does that the renderer must work around, found by rendering small probes once.
+    `system_role`: it renders a system turn (Gemma 2's raises "System role not supported"; then the system prompt
+    is put before the first user message, as Gemma 3's own template does). `end_suffix`: text it writes only after
+    the conversation's last message (Phi-3's appends its EOS when no generation prompt follows), which is not part
+    of any answer: earlier answers are rendered without it once a later turn follows."""
+
+    system_role: bool = True
+    end_suffix: str = ""
+
+
+def template_traits(tokenizer) -> TemplateTraits:
+    tpl = _template_text(tokenizer)
+    cached = getattr(tokenizer, "_roctune_traits", None)
+    if cached is not None and cached[0] == tpl:
+        return cached[1]
+    user, answer = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}
+    try:
+        system_role = "SYSTEM-PROBE" in _render(tokenizer, [{"role": "system", "content": "SYSTEM-PROBE"}, user], True)
+    except Exception:  # noqa: BLE001 - jinja's raise_exception, or a template error: no system turns
+        system_role = False
+    end_suffix = ""
+    try:
+        alone = _render(tokenizer, [user, answer], False)
+        followed = _render(tokenizer, [user, answer, user], True)
+        eos = getattr(tokenizer, "eos_token", None) or ""
+        if not followed.startswith(alone):
+            for tail in (eos, eos + "\n", "\n"):
+                if tail and alone.endswith(tail) and followed.startswith(alone[:-len(tail)]):
+                    end_suffix = tail
+                    break
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
+        pass
+    traits = TemplateTraits(system_role, end_suffix)
+    try:
+        tokenizer._roctune_traits = (tpl, traits)
+    except AttributeError:
+        pass
+    return traits
+
+
+def _fold_system(messages: list[dict]) -> list[dict]:
+    """A leading system turn moved into the first user message ("system\n\nuser"), for templates without one."""
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0]["content"], list(messages[1:])
+    for i, m in enumerate(rest):
+        if m["role"] == "user":
+            rest[i] = {**m, "content": f"{system}\n\n{m['content']}" if system.strip() else m["content"]}
+            return rest
+    return [{"role": "user", "content": system}] + rest
+
+
 def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None = None,
                      options: RenderOptions | None = None) -> tuple[list[dict], list[dict] | None]:
     """The messages and tool list as this tokenizer's chat template takes them (tools and reasoning rewritten
-    into the fallback format where the template does not handle them)."""
+    into the fallback format where the template does not handle them; a system turn folded into the first user
+    message where it has no system role)."""
     options = options or RenderOptions()
     tpl = _template_text(tokenizer)
     messages = [_normalise(m) for m in messages]
     messages = _reasoning(messages, "reasoning_content" in tpl, options)
     has_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if has_tools and not template_supports_tools(tokenizer):
-        return _fallback_tools(messages, tools), None
+        messages, tools = _fallback_tools(messages, tools), None
+    if messages and messages[0]["role"] == "system" and not template_traits(tokenizer).system_role:
+        messages = _fold_system(messages)
     return messages, tools or None
 
 
@@ -192,6 +249,7 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
     ensure_chat_template(tokenizer)
     options = options or RenderOptions()
     messages, tools = prepare_messages(tokenizer, messages, tools, options)
+    end = template_traits(tokenizer).end_suffix
     segments: list[tuple[str, bool]] = []
     rendered = ""
     for i, m in enumerate(messages):
@@ -199,6 +257,8 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
             continue
         prompt_text = _render(tokenizer, messages[:i], True, tools)
         full_text = _render(tokenizer, messages[: i + 1], False, tools)
+        if end and full_text.endswith(end):
+            full_text = full_text[:-len(end)]  # written after the last message only: context, not the answer
         if not prompt_text.startswith(rendered) or not full_text.startswith(prompt_text):
             raise DataError(f"{where}: this model's chat template renders earlier turns differently once "
                             "later turns are added, so answers cannot be masked exactly; split multi-turn "
@@ -207,6 +267,8 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
             segments.append((prompt_text[len(rendered):], False))
         segments += _answer_segments(full_text[len(prompt_text):], options)
         rendered = full_text
+    if end and messages and messages[-1]["role"] == "assistant":
+        segments.append((end, False))
     return segments
 
 

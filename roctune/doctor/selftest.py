@@ -96,7 +96,7 @@ def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps
 
     from roctune.training.batching import collate
     from roctune.training.loop import autocast
-    from roctune.training.losses import supervised_logits, token_loss_sum
+    from roctune.training.losses import Head, supervised_logits, token_loss_sum
     from roctune.training.optim import make_optimizer
     from roctune.training.session import Setup
 
@@ -108,7 +108,7 @@ def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps
     losses, grad = [], None
     for step in range(steps):
         with autocast(setup):
-            loss = token_loss_sum(model, batch, True) / batch.n_supervised
+            loss = token_loss_sum(model, batch, Head()) / batch.n_supervised
         loss.backward()
         losses.append(float(loss.detach()))
         if step == 0:
@@ -116,7 +116,7 @@ def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     with torch.no_grad(), autocast(setup):
-        logits = supervised_logits(model, batch, True)[0]
+        logits = supervised_logits(model, batch, Head())[0]
     return Trace(losses, grad, logits.detach().double().cpu())
 
 
@@ -214,7 +214,7 @@ def _compare_4bit(cfg, state, device: str, dtype: str, attn: str) -> tuple[bool,
     from roctune.methods import load_4bit
     from roctune.training.batching import collate
     from roctune.training.loop import autocast
-    from roctune.training.losses import supervised_logits
+    from roctune.training.losses import Head, supervised_logits
     from roctune.training.session import Setup
 
     from transformers.utils import logging as hf_logging
@@ -247,7 +247,7 @@ def _compare_4bit(cfg, state, device: str, dtype: str, attn: str) -> tuple[bool,
         embed.requires_grad_(True)
         batch = collate(examples(), 0, False, dev)
         with autocast(Setup("selftest", dev, dt, attn)):
-            logits, targets, _ = supervised_logits(m, batch, True)
+            logits, targets, _ = supervised_logits(m, batch, Head())
             loss = torch.nn.functional.cross_entropy(logits.float() if dt != "fp64" else logits, targets)
         loss.backward()
         traces.append(Trace([float(loss.detach())], embed.grad.detach().double().flatten().cpu(), logits.detach().double().cpu()))

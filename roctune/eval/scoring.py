@@ -64,15 +64,16 @@ def losses(loaded, items: list[Case], use_adapter: bool, say=log.info) -> list[t
 
     from roctune.progress import counted
     from roctune.training.batching import collate, supervised_count
-    from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
+    from roctune.training.losses import token_loss_sum
+    from roctune.training.shortcuts import output_head
 
-    fast = supports_hidden_state_loss(loaded.model)
+    head = output_head(loaded.model)
     pad = loaded.tokenizer.pad_token_id
     out = []
     with _adapter(loaded, use_adapter), torch.no_grad(), _autocast(loaded):
         for c in counted(items, f"scoring ({'tuned' if use_adapter else 'base'}) record", say):
             batch = collate([c.tokens], pad, False, loaded.device)
-            out.append((float(token_loss_sum(loaded.model, batch, fast)), supervised_count(c.tokens.labels)))
+            out.append((float(token_loss_sum(loaded.model, batch, head)), supervised_count(c.tokens.labels)))
     return out
 
 

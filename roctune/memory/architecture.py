@@ -1,6 +1,10 @@
 """A decoder model's shape as the memory estimate needs it: sizes, heads, and every linear layer of a
 decoder layer (which tensor it reads, whether it has a bias), read from a model config; and which of
 those layers a LoRA `--target-modules` list selects (as peft matches names).
+
+The layout of a family in roctune's table (roctune.families: fused q/k/v and gate/up projections, biases, extra
+norms, q/k norms, experts) is taken from there, so the parameter count equals the model's (tests/test_families.py);
+other models are read as a Llama-style layer.
 """
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roctune.errors import ConfigError
+from roctune.families import ATTENTION, Family, family_of
 from roctune.memory.configs import load_config
 
 
@@ -38,10 +43,13 @@ class Architecture:
     linears: tuple[Linear, ...]
     default_targets: tuple[str, ...]
     max_positions: int | None = None
+    layer_extra: int = 0       # per layer, outside the linears and two norms: more norms, q/k norms, experts
+    params_adjust: int = 0     # whole model: layers that differ from the others (an MoE's dense layers)
 
     @property
     def layer_params(self) -> int:
-        return sum(l.d_in * l.d_out + (l.d_out if l.bias else 0) for l in self.linears) + 2 * self.hidden
+        return (sum(l.d_in * l.d_out + (l.d_out if l.bias else 0) for l in self.linears) + 2 * self.hidden
+                + self.layer_extra)
 
     @property
     def embedding_params(self) -> int:
@@ -53,7 +61,8 @@ class Architecture:
 
     @property
     def total_params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.lm_head_params + self.hidden
+        return (self.layers * self.layer_params + self.params_adjust + self.embedding_params + self.lm_head_params
+                + self.hidden)
 
     @property
     def linear_names(self) -> list[str]:
@@ -66,8 +75,10 @@ class Architecture:
             d = dict(d["text_config"], _name=d.get("_name"))
         name = str(d.get("_name") or d.get("_name_or_path") or d.get("model_type") or "model")
         get = _getter(d)
-        if get("num_experts", "num_local_experts", "n_routed_experts"):
-            raise ConfigError(f"{name}: mixture-of-experts models are not supported by the memory estimate")
+        family = family_of(d)
+        if get("num_experts", "num_local_experts", "n_routed_experts") and not (family and family.moe):
+            raise ConfigError(f"{name}: mixture-of-experts models outside roctune's family table are not supported "
+                              "by the memory estimate")
         hidden = get("hidden_size", "n_embd", "d_model")
         layers = get("num_hidden_layers", "n_layer", "num_layers")
         heads = get("num_attention_heads", "n_head")
@@ -83,20 +94,27 @@ class Architecture:
         mt = str(d.get("model_type", ""))
         tied = bool(d.get("tie_word_embeddings", mt in ("gemma", "gemma2", "gemma3_text")))
         gated = mt not in ("gpt2", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "starcoder2", "gpt_bigcode")
+        extra, adjust = 0, 0
         if mt == "qwen":
             inter = int(inter or 4 * hidden) // 2  # its config's intermediate_size is twice each MLP branch
             linears, defaults = _qwen_linears(hidden, heads * head_dim, inter)
         else:
             inter = int(inter or 4 * hidden)
-            linears, defaults = _hf_linears(d, mt, hidden, heads * head_dim, kv * head_dim, inter, gated)
+            linears, defaults = _hf_linears(d, family, hidden, heads * head_dim, kv * head_dim, inter, gated)
+            if family is not None:
+                extra = (family.norms_per_layer - 2) * hidden + (2 * head_dim if family.qk_norm else 0)
+            if family is not None and family.moe:
+                linears, inter, moe_extra, adjust = _moe_layout(d, linears, hidden, inter, layers)
+                extra += moe_extra
         max_pos = get("max_position_embeddings", "seq_length", "n_positions")
         return cls(name=name, model_type=mt, hidden=hidden, layers=layers, heads=heads, kv_heads=kv,
                    head_dim=head_dim, intermediate=inter, vocab=vocab, tied=tied, gated_mlp=gated,
-                   linears=linears, default_targets=defaults, max_positions=int(max_pos) if max_pos else None)
+                   linears=linears, default_targets=defaults, max_positions=int(max_pos) if max_pos else None,
+                   layer_extra=extra, params_adjust=adjust)
 
     def targeted(self, target_modules) -> list[Linear]:
         """The per-layer linear modules that get a LoRA adapter."""
-        if target_modules is None or target_modules == []:
+        if target_modules in (None, [], "auto", ["auto"]):
             targets = list(self.default_targets)
         elif isinstance(target_modules, str):
             targets = [t for t in re.split(r"[,\s]+", target_modules) if t]
@@ -139,21 +157,47 @@ def _qwen_linears(hidden: int, q: int, inter: int) -> tuple[tuple[Linear, ...], 
     return linears, ("c_attn", "attn.c_proj")
 
 
-def _hf_linears(d: dict, mt: str, hidden: int, q: int, kvd: int, inter: int,
+def _hf_linears(d: dict, family: Family | None, hidden: int, q: int, kvd: int, inter: int,
                 gated: bool) -> tuple[tuple[Linear, ...], tuple[str, ...]]:
-    """A Hugging Face decoder layer: q/k/v/o projections, then a gated (gate/up/down) or plain MLP."""
-    qkv_bias = mt == "qwen2" or bool(d.get("attention_bias", False))
+    """A Hugging Face decoder layer: q/k/v/o projections (one qkv_proj where the family fuses them), then a gated
+    (gate/up/down, or one gate_up_proj) or plain MLP."""
+    bias = bool(d.get("attention_bias", False))
+    qkv_bias = bias or bool(family and family.qkv_bias)
     mlp_bias = bool(d.get("mlp_bias", False))
-    linears = [
-        Linear("q_proj", "self_attn.q_proj", hidden, q, qkv_bias, "attn_in"),
-        Linear("k_proj", "self_attn.k_proj", hidden, kvd, qkv_bias, "attn_in"),
-        Linear("v_proj", "self_attn.v_proj", hidden, kvd, qkv_bias, "attn_in"),
-        Linear("o_proj", "self_attn.o_proj", q, hidden, bool(d.get("attention_bias", False)), "attn_out"),
-    ]
-    if gated:
+    if family is not None and family.fused_qkv:
+        linears = [Linear("qkv_proj", "self_attn.qkv_proj", hidden, q + 2 * kvd, qkv_bias, "attn_in")]
+    else:
+        linears = [
+            Linear("q_proj", "self_attn.q_proj", hidden, q, qkv_bias, "attn_in"),
+            Linear("k_proj", "self_attn.k_proj", hidden, kvd, qkv_bias, "attn_in"),
+            Linear("v_proj", "self_attn.v_proj", hidden, kvd, qkv_bias, "attn_in"),
+        ]
+    linears.append(Linear("o_proj", "self_attn.o_proj", q, hidden, bias, "attn_out"))
+    if family is not None and family.fused_gate_up:
+        linears += [Linear("gate_up_proj", "mlp.gate_up_proj", hidden, 2 * inter, mlp_bias, "mlp_in")]
+    elif gated:
         linears += [Linear("gate_proj", "mlp.gate_proj", hidden, inter, mlp_bias, "mlp_in"),
                     Linear("up_proj", "mlp.up_proj", hidden, inter, mlp_bias, "mlp_in")]
     else:
         linears += [Linear("up_proj", "mlp.up_proj", hidden, inter, mlp_bias, "mlp_in")]
     linears.append(Linear("down_proj", "mlp.down_proj", inter, hidden, mlp_bias, "mlp_mid"))
-    return tuple(linears), ("q_proj", "k_proj", "v_proj", "o_proj")
+    return tuple(linears), (family.targets if family is not None else ATTENTION)
+
+
+def _moe_layout(d: dict, linears: tuple[Linear, ...], hidden: int, inter: int,
+                layers: int) -> tuple[tuple[Linear, ...], int, int, int]:
+    """An MoE layer (Qwen3-MoE, Mixtral in transformers 5): the attention linears; the router ([experts x hidden])
+    and the experts' fused gate_up and down weights are 3-D parameters, not Linear modules (LoRA and 4-bit leave
+    them as they are). Returns (linears, the MLP width a token passes through (top-k experts), the experts'
+    parameters per layer, and the adjustment for dense-MLP layers (Qwen3-MoE's mlp_only_layers))."""
+    get = _getter(d)
+    experts = int(get("num_experts", "num_local_experts"))
+    width = int(get("moe_intermediate_size", default=inter))
+    top_k = int(get("num_experts_per_tok", default=2))
+    attention = tuple(l for l in linears if not l.path.startswith("mlp."))
+    dense = tuple(l for l in linears if l.path.startswith("mlp."))
+    moe_params = experts * 3 * hidden * width + experts * hidden
+    step = int(get("decoder_sparse_step", default=1)) or 1
+    dense_layers = [i for i in range(layers) if i in (d.get("mlp_only_layers") or []) or (i + 1) % step]
+    dense_params = sum(l.d_in * l.d_out + (l.d_out if l.bias else 0) for l in dense)
+    return attention, top_k * width, moe_params, len(dense_layers) * (dense_params - moe_params)

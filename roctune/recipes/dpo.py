@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from roctune.progress import Progress
 from roctune.training import loop, session
 from roctune.training.batching import collate
-from roctune.training.losses import sequence_logps, supports_hidden_state_loss
+from roctune.training.losses import Head, sequence_logps
 
 
 @dataclass
@@ -25,11 +25,11 @@ class Item:
     ref: tuple[float, float] | None = None  # reference log-probabilities, filled before training
 
 
-def pair_logps(model, pairs: list, pad_id: int, device: str, supervised_only: bool):
+def pair_logps(model, pairs: list, pad_id: int, device: str, head: Head | None):
     """(chosen logps, rejected logps) for a micro-batch of (chosen, rejected) pairs, in one padded forward."""
     n = len(pairs)
     batch = collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id, False, device)
-    lp = sequence_logps(model, batch, supervised_only)
+    lp = sequence_logps(model, batch, head)
     return lp[:n], lp[n:]
 
 
@@ -51,14 +51,14 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
     pairs, eval_pairs = session.tokenize_splits(tokenize_pairs, tokenizer, records, eval_records, cfg, say, "pair")
     items, eval_items = [Item(c, r) for c, r in pairs], [Item(c, r) for c, r in eval_pairs]
-    model = session.build_trainable(cfg, setup, base_model, say)
+    model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
     pad_id = tokenizer.pad_token_id
-    fast = cfg.loss_on_supervised_only and supports_hidden_state_loss(model) and not (cfg.fsdp and dist.enabled)
+    head = plan.head if cfg.loss_on_supervised_only and not (cfg.fsdp and dist.enabled) else None
 
     def scored(model, batch: list[Item]):
         """(per-pair loss, chosen rewards, rejected rewards) of a micro-batch against its reference."""
-        pc, pr = pair_logps(model, [(x.chosen, x.rejected) for x in batch], pad_id, setup.device, fast)
+        pc, pr = pair_logps(model, [(x.chosen, x.rejected) for x in batch], pad_id, setup.device, head)
         rc = torch.tensor([x.ref[0] for x in batch], device=pc.device)
         rr = torch.tensor([x.ref[1] for x in batch], device=pc.device)
         return dpo_terms(pc.float(), pr.float(), rc, rr, cfg.beta)
@@ -76,7 +76,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def before_training(model, mine: list[int]):
         todo = [items[i] for i in mine] + eval_items
         say(f"dpo: scoring {len(todo)} pair(s) with the reference (the starting model)")
-        score_reference(model, todo, pad_id, setup, cfg.batch_size, fast, Progress(len(todo), 0, progress, "reference"),
+        score_reference(model, todo, pad_id, setup, cfg.batch_size, head, Progress(len(todo), 0, progress, "reference"),
                         say)
 
     task = loop.Task(
@@ -95,7 +95,8 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     return session.finish(cfg, model, tokenizer, dist, summary, say)
 
 
-def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, fast: bool, bar, say) -> None:
+def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, head: Head | None, bar,
+                    say) -> None:
     """Fill each item's `ref` with its log-probabilities under the model as it is now, without gradients."""
     import torch
 
@@ -104,7 +105,7 @@ def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int
         for s in range(0, len(todo), batch_size):
             chunk = todo[s:s + batch_size]
             with loop.autocast(setup):
-                c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, fast)
+                c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, head)
             for x, rc, rr in zip(chunk, c.float().tolist(), r.float().tolist()):
                 x.ref = (rc, rr)
             bar.update(s + len(chunk), "", say)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from roctune.training import loop, session
 from roctune.training.batching import collate, supervised_count
-from roctune.training.losses import supports_hidden_state_loss, token_loss_sum
+from roctune.training.losses import token_loss_sum
 
 
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
@@ -24,21 +24,21 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                                  partial(iter_tokenized, options=options)))
     n_tok = sum(len(e.input_ids) for e in train_ex)
     session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
-    model = session.build_trainable(cfg, setup, base_model, say)
+    model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
 
     pad_id = tokenizer.pad_token_id
     # the output layer only at supervised positions (FSDP needs the model's own forward to gather weights)
-    fast = cfg.loss_on_supervised_only and supports_hidden_state_loss(model) and not (cfg.fsdp and dist.enabled)
+    head = plan.head if cfg.loss_on_supervised_only and not (cfg.fsdp and dist.enabled) else None
 
     def batch(items):
         return collate(items, pad_id, setup.packed, setup.device)
 
     task = loop.Task(
         items=train_ex, eval_items=eval_ex, lengths=[len(e.input_ids) for e in train_ex],
-        loss_sum=lambda model, items: (token_loss_sum(model, batch(items), fast), {}),
+        loss_sum=lambda model, items: (token_loss_sum(model, batch(items), head), {}),
         weight=lambda e: supervised_count(e.labels), tokens=lambda e: len(e.input_ids), norm_name="supervised_tokens",
-        eval_sums=lambda model, items: {"loss": float(token_loss_sum(model, batch(items), fast)),
+        eval_sums=lambda model, items: {"loss": float(token_loss_sum(model, batch(items), head)),
                                         "n": sum(supervised_count(e.labels) for e in items)},
         eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6)})
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,

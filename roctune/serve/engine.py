@@ -50,7 +50,7 @@ class Engine:
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
                  batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024):
         from roctune.hardware import choose_attention, choose_device, choose_dtype
-        from roctune.models import load_model, load_tokenizer, resolve_model
+        from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
         if max_batch < 1:
             raise ConfigError(f"--max-batch must be >= 1 (got {max_batch})")
@@ -58,7 +58,7 @@ class Engine:
         self.base_id = _base_id(model)
         self.device = choose_device(device).value
         self.dtype = choose_dtype(dtype, self.device).value
-        attn = choose_attention("auto", self.device, self.dtype).value
+        attn = fit_attention(choose_attention("auto", self.device, self.dtype), "auto", self.base_path).value
         if attn == "flash_attention_2":
             attn = "sdpa"  # left-padded batches with a KV cache: sdpa is the safe kernel everywhere
         self.tokenizer = load_tokenizer(self.base_path, trust_remote_code)
@@ -78,10 +78,9 @@ class Engine:
 
     def _init_tokens(self, base) -> None:
         """End-of-sequence ids, the padding id and the name of the forward pass's cache argument."""
-        eos = getattr(base.generation_config, "eos_token_id", None)
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None:
-            eos.append(self.tokenizer.eos_token_id)
+        from roctune.models import stop_token_ids
+
+        eos = stop_token_ids(base, self.tokenizer)
         self.eos_ids = set(eos)
         # transformers renamed the forward argument past_key_values to cache; use whichever this model takes
         params = inspect.signature(type(base).forward).parameters

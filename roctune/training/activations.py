@@ -33,11 +33,6 @@ import logging
 
 log = logging.getLogger(__name__)
 
-# MLP classes known to compute exactly down_proj(act_fn(gate_proj(x)) * up_proj(x)) (transformers' code).
-GATED_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP", "Olmo2MLP", "GemmaMLP", "Gemma2MLP",
-              "GraniteMLP", "CohereMLP", "StableLmMLP"}
-
-
 # Dropout probability resolution on the CPU: each element draws 16 random bits (see keep_mask).
 MASK_BITS = 16
 
@@ -148,34 +143,48 @@ def mask_lora_dropout(model) -> int:
 
 
 def _gated_mlp_forward(mlp, x):
+    """down_proj(act_fn(gate_proj(x)) * up_proj(x)), as transformers' Llama-style MLPs compute it."""
+    return mlp.down_proj(_act_times_kept_small(mlp, mlp.act_fn, mlp.gate_proj(x), mlp.up_proj(x)))
+
+
+def _fused_gated_mlp_forward(mlp, x):
+    """Phi-3's MLP: gate and up from one gate_up_proj, then down_proj(up * activation_fn(gate))."""
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+    return mlp.down_proj(_act_times_kept_small(mlp, mlp.activation_fn, gate, up))
+
+
+def _act_times_kept_small(mlp, act, gate, up):
     import torch
     from torch.utils.checkpoint import checkpoint
 
-    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
     if mlp.training and torch.is_grad_enabled():
-        product = checkpoint(_act_times, mlp.act_fn, gate, up, use_reentrant=False, preserve_rng_state=False)
-    else:
-        product = mlp.act_fn(gate) * up
-    return mlp.down_proj(product)
-
-
-def _act_times(act, gate, up):
+        return checkpoint(_act_times, act, gate, up, use_reentrant=False, preserve_rng_state=False)
     return act(gate) * up
 
 
-def checkpoint_gated_mlp(model) -> int:
-    """Recompute act(gate(x)) in backward for the gated MLPs in GATED_MLPS. Returns how many MLPs changed."""
+def _act_times(act, gate, up):
+    return act(gate) * up  # float multiplication commutes exactly: Phi-3's up * act(gate) gives the same bits
+
+
+def checkpoint_gated_mlp(model, classes: tuple[str, ...], fused: bool = False) -> int:
+    """Recompute act(gate(x)) in backward for the MLPs of the transformers classes named in `classes` (a family's
+    proven MLPs: roctune.families), `fused` when gate and up come from one gate_up_proj. Returns how many changed."""
+    parts = ("gate_up_proj", "down_proj", "activation_fn") if fused else ("gate_proj", "up_proj", "down_proj", "act_fn")
+    forward = _fused_gated_mlp_forward if fused else _gated_mlp_forward
     changed = 0
     for module in model.modules():
-        if type(module).__name__ in GATED_MLPS and all(
-                hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            module.forward = functools.partial(_gated_mlp_forward, module)
+        if (type(module).__name__ in classes and type(module).__module__.startswith("transformers.models.")
+                and all(hasattr(module, a) for a in parts)):
+            module.forward = functools.partial(forward, module)
             changed += 1
     return changed
 
 
-def slim(model) -> str:
-    """Apply both (without --grad-checkpointing); returns what changed, for the log."""
-    n_lora, n_mlp = mask_lora_dropout(model), checkpoint_gated_mlp(model)
+def slim(model, on, family=None) -> str:
+    """Apply the shortcuts in `on` ("lora_dropout", "gated_mlp" of `family`: roctune.training.shortcuts decides;
+    without --grad-checkpointing); returns what changed, for the log."""
+    n_lora = mask_lora_dropout(model) if "lora_dropout" in on else 0
+    n_mlp = (checkpoint_gated_mlp(model, family.mlp_classes, family.fused_gate_up)
+             if "gated_mlp" in on and family is not None else 0)
     return (f"{n_lora} LoRA dropouts keep a 1-byte mask instead of two copies of their input; "
             f"{n_mlp} MLPs recompute act(gate) in backward")

@@ -31,10 +31,11 @@ class Setup:
 def choose(cfg, base_model: str) -> Setup:
     """Device, dtype and attention kernel for this machine and cfg, each with its reason."""
     from roctune.hardware import choose_attention, choose_device, choose_dtype
+    from roctune.models import fit_attention
 
     device = choose_device(cfg.device)
     dtype = choose_dtype(cfg.dtype, device.value)
-    attn = choose_attention(cfg.attn, device.value, dtype.value)
+    attn = fit_attention(choose_attention(cfg.attn, device.value, dtype.value), cfg.attn, base_model)
     if cfg.packing == "on" and attn.value == "eager":
         raise ConfigError("--packing on needs --attn sdpa or flash_attention_2 (eager has no packed masks)")
     # Packing pays only with a variable-length kernel (flash-attn): SDPA and eager would attend over the whole
@@ -117,21 +118,26 @@ def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_wi
 
 def build_trainable(cfg, setup: Setup, base_model: str, say):
     """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
-    when asked; logs how many parameters train."""
+    when asked and the shortcuts its family has proven (roctune.training.shortcuts), said in one line; logs how many
+    parameters train. Returns (model, plan)."""
     from roctune.methods import build_model
+    from roctune.training import shortcuts
     from roctune.training.activations import mask_lora_dropout, slim
 
     model = build_model(cfg, setup, base_model, say)
+    plan = shortcuts.plan(model)
+    say(plan.describe())
     if cfg.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-        log.info("LoRA dropout: %d adapters draw a 1-byte mask", mask_lora_dropout(model))
-    else:
-        log.info("activation memory: %s", slim(model))
+        if "lora_dropout" in plan.on:
+            log.info("LoRA dropout: %d adapters draw a 1-byte mask", mask_lora_dropout(model))
+    elif plan.on:
+        log.info("activation memory: %s", slim(model, plan.on, plan.family))
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_all = sum(p.numel() for p in model.parameters())
     say(f"trainable parameters: {n_train:,} of {n_all:,} ({100 * n_train / n_all:.3f}%)")
-    return model
+    return model, plan
 
 
 def open_output(cfg, dist: Context) -> None:

@@ -1,0 +1,128 @@
+"""The model families roctune knows, one small spec each (as llama.cpp's converter has one class per architecture).
+
+A family is what a config.json's `model_type` names. Its spec says what roctune may assume about the model's
+code and what it defaults to:
+- `targets`: the LoRA modules `--target-modules auto` (the default) adapts: the attention projections, spelled as
+  the family spells them (Phi-3 fuses q/k/v into `qkv_proj`). `all-linear` is peft's: every nn.Linear of the
+  decoder layers, never the output layer; MoE experts are 3-D parameters, not Linear modules, so LoRA leaves them
+  alone and trains attention (and dense MLPs where a layer has one).
+- `shortcuts`: which of roctune's replacements of the model's own computation are proven for the family: the
+  matrix test (tests/test_families.py) checks each one against plain transformers + PEFT on a tiny model of the
+  family's real config shape. A model whose family is not here, or whose modules are not the transformers classes
+  named here (e.g. a repository's own code), trains on the plain path and the log says so.
+- the output layer (`logits_divisor`, `logits_softcap`): what the model does to lm_head's output before the loss,
+  named by config key, so the supervised-positions head computes the same logits.
+- attention (`attention_softcap`): a config key that, when set, needs an attention kernel that soft-caps scores.
+- the chat template's end-of-turn tokens (generation stops there) and pad token candidates.
+- the parameter layout the memory estimate counts (norms, q/k norms, fused projections, biases, experts).
+- `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows (the export issue
+  builds the writer on these).
+
+Adding a family is one `Family(...)` here and one row in the matrix test. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# roctune's replacements of a model's own computation (see roctune.training.activations and .losses).
+SHORTCUTS = {
+    "lora_dropout": "LoRA dropout drawn inside lora_A, keeping a 1-byte mask instead of two copies of the input",
+    "gated_mlp": "the gated MLP recomputes act(gate) in backward instead of keeping it",
+    "supervised_head": "the output layer runs only at supervised positions, from the final hidden state",
+    "chunked_head": "a frozen output layer runs in chunks, keeping d logp/d hidden instead of the logits",
+}
+ALL_SHORTCUTS = frozenset(SHORTCUTS)
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                              # the table's key
+    title: str                             # for people: which models these are
+    model_types: tuple[str, ...]           # config.json `model_type` values
+    causal_lm: str                         # the transformers class the shortcuts are proven on
+    targets: tuple[str, ...] = ATTENTION   # --target-modules auto
+    shortcuts: frozenset = ALL_SHORTCUTS
+    mlp_classes: tuple[str, ...] = ()      # MLP classes `gated_mlp` may replace
+    fused_gate_up: bool = False            # MLP computes gate and up in one gate_up_proj (Phi-3)
+    logits_divisor: str | None = None      # config key: logits = lm_head(h) / config[key] (Granite)
+    logits_softcap: str | None = None      # config key: logits = cap * tanh(lm_head(h) / cap) (Gemma 2)
+    attention_softcap: str | None = None   # config key: when set, attention scores are soft-capped
+    end_of_turn: tuple[str, ...] = ()      # tokens the chat template ends an answer with: generation stops there
+    pad_tokens: tuple[str, ...] = ()       # pad token candidates when the tokenizer has none (else its EOS)
+    norms_per_layer: int = 2               # RMSNorms of hidden size per decoder layer
+    qk_norm: bool = False                  # per-head RMSNorm on queries and keys (head_dim each)
+    qkv_bias: bool = False                 # q/k/v projections always have biases (else config's attention_bias)
+    fused_qkv: bool = False                # one qkv_proj instead of q/k/v_proj (Phi-3)
+    moe: bool = False                      # experts in the MLP (num_experts / num_local_experts)
+    gguf_arch: str | None = None           # llama.cpp's architecture name
+    gguf_permute_qk: bool = False          # llama.cpp's converter interleaves the rotary halves of Q and K
+    examples: tuple[str, ...] = field(default=(), compare=False)
+
+    def mlp_shortcut_classes(self) -> tuple[str, ...]:
+        return self.mlp_classes if "gated_mlp" in self.shortcuts else ()
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "Llama 3.x, SmolLM2, DeepSeek-R1-Distill-Llama", ("llama",), "LlamaForCausalLM",
+           mlp_classes=("LlamaMLP",), end_of_turn=("<|eot_id|>", "<|eom_id|>", "<|im_end|>"),
+           pad_tokens=("<|finetune_right_pad_id|>",), gguf_arch="llama", gguf_permute_qk=True,
+           examples=("meta-llama/Llama-3.2-1B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")),
+    Family("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", ("qwen2",), "Qwen2ForCausalLM",
+           mlp_classes=("Qwen2MLP",), qkv_bias=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
+           gguf_arch="qwen2", examples=("Qwen/Qwen2.5-7B-Instruct",)),
+    Family("qwen3", "Qwen3 (dense)", ("qwen3",), "Qwen3ForCausalLM", mlp_classes=("Qwen3MLP",), qk_norm=True,
+           end_of_turn=("<|im_end|>", "<|endoftext|>"), gguf_arch="qwen3", examples=("Qwen/Qwen3-8B",)),
+    Family("qwen3_moe", "Qwen3 mixture of experts", ("qwen3_moe",), "Qwen3MoeForCausalLM",
+           mlp_classes=("Qwen3MoeMLP",), qk_norm=True, moe=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
+           gguf_arch="qwen3moe", examples=("Qwen/Qwen3-30B-A3B",)),
+    Family("mistral", "Mistral 7B, Mistral Nemo, Ministral", ("mistral",), "MistralForCausalLM",
+           mlp_classes=("MistralMLP",), end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
+           examples=("mistralai/Mistral-7B-Instruct-v0.3",)),
+    Family("mixtral", "Mixtral mixture of experts", ("mixtral",), "MixtralForCausalLM", moe=True,
+           end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
+           examples=("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
+    # Gemma 2 soft-caps both the attention scores and the final logits (config keys below): SDPA cannot do the
+    # former; the supervised and chunked heads apply the latter, with its derivative.
+    Family("gemma2", "Gemma 2", ("gemma2",), "Gemma2ForCausalLM", mlp_classes=("Gemma2MLP",),
+           logits_softcap="final_logit_softcapping",
+           attention_softcap="attn_logit_softcapping", end_of_turn=("<end_of_turn>",), norms_per_layer=4,
+           gguf_arch="gemma2", examples=("google/gemma-2-2b-it",)),
+    Family("gemma3", "Gemma 3 (text)", ("gemma3_text",), "Gemma3ForCausalLM", mlp_classes=("Gemma3MLP",),
+           logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
+           end_of_turn=("<end_of_turn>",), norms_per_layer=4, qk_norm=True, gguf_arch="gemma3",
+           examples=("google/gemma-3-1b-it",)),
+    Family("phi3", "Phi-3, Phi-3.5, Phi-4", ("phi3",), "Phi3ForCausalLM", targets=("qkv_proj", "o_proj"),
+           mlp_classes=("Phi3MLP",), fused_gate_up=True, fused_qkv=True, end_of_turn=("<|end|>", "<|im_end|>"),
+           gguf_arch="phi3", examples=("microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4")),
+    Family("granite", "IBM Granite 3.x", ("granite",), "GraniteForCausalLM", mlp_classes=("GraniteMLP",),
+           logits_divisor="logits_scaling", end_of_turn=("<|end_of_text|>",), gguf_arch="granite",
+           examples=("ibm-granite/granite-3.3-2b-instruct",)),
+)
+BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def model_type(config: Any) -> str:
+    """A config's model_type (a dict, a transformers config, or the string itself); '' when it has none."""
+    if isinstance(config, str):
+        return config
+    if isinstance(config, dict):
+        return str(config.get("model_type") or "")
+    return str(getattr(config, "model_type", "") or "")
+
+
+def family_of(config: Any) -> Family | None:
+    """The family of a config (dict, transformers config or model_type), or None when roctune has no spec."""
+    return BY_MODEL_TYPE.get(model_type(config))
+
+
+def config_value(config: Any, key: str | None):
+    """config[key] for a dict or a transformers config; None for no key or an unset one."""
+    if key is None:
+        return None
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def known_names() -> str:
+    return ", ".join(f.name for f in FAMILIES)
