@@ -23,6 +23,14 @@ def _tiny_lora(dropout: float, seed: int = 0):
     return model
 
 
+def _slim(model) -> str:
+    """Every shortcut of the llama family (the tiny model's), as training applies them."""
+    from roctune.families import ALL_SHORTCUTS, family_of
+    from roctune.training.activations import slim
+
+    return slim(model, ALL_SHORTCUTS, family_of("llama"))
+
+
 def _batch(seed: int = 1):
     from types import SimpleNamespace
 
@@ -37,10 +45,10 @@ def _batch(seed: int = 1):
 
 
 def _loss_and_grads(model, batch):
-    from roctune.training.losses import token_loss_sum
+    from roctune.training.losses import Head, token_loss_sum
 
     torch.manual_seed(123)
-    loss = token_loss_sum(model, batch, True)
+    loss = token_loss_sum(model, batch, Head())
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return loss.detach(), grads
@@ -59,7 +67,7 @@ class _Replay(torch.nn.Module):
 
 
 def _saved_bytes(model, batch) -> int:
-    from roctune.training.losses import token_loss_sum
+    from roctune.training.losses import Head, token_loss_sum
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
@@ -71,7 +79,7 @@ def _saved_bytes(model, batch) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_loss_sum(model, batch, True)
+        token_loss_sum(model, batch, Head())
     return sum(seen.values())
 
 
@@ -87,7 +95,7 @@ def test_slim_model_gives_the_plain_peft_numbers_with_the_same_dropout_masks(mon
     monkeypatch.setattr(activations, "keep_mask", recording)
     batch = _batch()
     plain, slimmed = _tiny_lora(0.3), _tiny_lora(0.3)
-    said = activations.slim(slimmed)
+    said = _slim(slimmed)
     assert "8 LoRA dropouts keep" in said and "2 MLPs recompute" in said
     loss_b, grads_b = _loss_and_grads(slimmed, batch)
     assert len(drawn) == 8 and all(k.dtype == torch.uint8 for k, _ in drawn)
@@ -124,11 +132,11 @@ def test_keep_mask_drops_each_element_with_probability_p_reproducibly():
 
 
 def test_dropout_masks_are_redrawn_identically_under_gradient_checkpointing():
-    from roctune.training.activations import mask_lora_dropout, slim
+    from roctune.training.activations import mask_lora_dropout
 
     batch = _batch()
     slimmed, checkpointed = _tiny_lora(0.3), _tiny_lora(0.3)
-    slim(slimmed)
+    _slim(slimmed)
     assert mask_lora_dropout(checkpointed) == 8
     checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     checkpointed.enable_input_require_grads()
@@ -141,11 +149,10 @@ def test_dropout_masks_are_redrawn_identically_under_gradient_checkpointing():
 
 
 def test_slim_model_keeps_fewer_bytes_for_backward():
-    from roctune.training.activations import slim
 
     batch = _batch()
     plain, slimmed = _tiny_lora(0.1), _tiny_lora(0.1)
-    slim(slimmed)
+    _slim(slimmed)
     before, after = _saved_bytes(plain, batch), _saved_bytes(slimmed, batch)
     assert after < 0.7 * before, (before, after)  # 0.67 here; 0.57 on the bundled model (see the module)
 
@@ -153,10 +160,9 @@ def test_slim_model_keeps_fewer_bytes_for_backward():
 def test_slim_model_saves_and_merges_like_peft(tmp_path):
     from peft import get_peft_model_state_dict
 
-    from roctune.training.activations import slim
 
     plain, slimmed = _tiny_lora(0.1), _tiny_lora(0.1)
-    slim(slimmed)
+    _slim(slimmed)
     a, b = get_peft_model_state_dict(plain), get_peft_model_state_dict(slimmed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     x = torch.randint(0, 300, (1, 12))
@@ -183,8 +189,11 @@ def test_adapters_without_dropout_or_with_dora_are_left_alone():
 
 
 @pytest.mark.parametrize("chunk", [7, 10 ** 9])
-def test_token_logprobs_match_log_softmax_values_and_gradients(monkeypatch, chunk):
+@pytest.mark.parametrize("head", [(1.0, None), (4.0, None), (1.0, 3.0), (2.5, 2.0)])
+def test_token_logprobs_match_log_softmax_values_and_gradients(monkeypatch, chunk, head):
     from roctune.training import losses
+
+    head = losses.Head(divisor=head[0], softcap=head[1])  # Granite's divisor, Gemma 2's soft-cap, both
 
     monkeypatch.setattr(losses, "CHUNK_ELEMENTS", chunk * 50)  # 50-word vocabulary: `chunk` rows at a time
     g = torch.Generator().manual_seed(0)
@@ -193,21 +202,22 @@ def test_token_logprobs_match_log_softmax_values_and_gradients(monkeypatch, chun
     upstream = torch.randn(23, generator=g, dtype=torch.float64)
     h1 = torch.randn(23, 16, generator=g, dtype=torch.float64, requires_grad=True)
     h2 = h1.detach().clone().requires_grad_(True)
-    want = torch.log_softmax(h1 @ weight.T, dim=-1).gather(1, targets[:, None]).squeeze(1)
-    got = losses.token_logprobs(h2, weight, targets)
+    want = torch.log_softmax(head.apply(h1 @ weight.T), dim=-1).gather(1, targets[:, None]).squeeze(1)
+    got = losses.token_logprobs(h2, weight, targets, head)
     assert torch.allclose(got.double(), want, atol=1e-6)
     (want * upstream).sum().backward()
     (got.double() * upstream).sum().backward()
     assert torch.allclose(h1.grad, h2.grad, atol=1e-5)
     with torch.no_grad():
-        assert torch.equal(losses.token_logprobs(h2, weight, targets), got.detach())
+        assert torch.equal(losses.token_logprobs(h2, weight, targets, head), got.detach())
 
 
 def test_output_layer_that_trains_takes_the_plain_path():
-    from roctune.training.losses import _frozen_head
+    from roctune.training.losses import Head, _frozen_head
 
     model = _tiny_lora(0.0)
-    assert _frozen_head(model, True) is not None
-    assert _frozen_head(model, False) is None
+    assert _frozen_head(model, Head()) is not None
+    assert _frozen_head(model, None) is None
+    assert _frozen_head(model, Head(chunked=False)) is None
     model.get_base_model().get_output_embeddings().weight.requires_grad_(True)  # full fine-tuning
-    assert _frozen_head(model, True) is None
+    assert _frozen_head(model, Head()) is None

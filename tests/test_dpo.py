@@ -132,17 +132,18 @@ def test_logps_output_layer_only_at_answers_matches_full_logits(tiny_model_dir, 
     import torch
 
     from roctune.data.preference import Pair, tokenize_pairs
-    from roctune.recipes.dpo import pair_logps
     from roctune.models import load_model
+    from roctune.recipes.dpo import pair_logps
+    from roctune.training.losses import Head
 
     model = load_model(tiny_model_dir)
     pairs, _ = tokenize_pairs(tokenizer, [Pair("r", [{"role": "user", "content": p["prompt"]}], p["chosen"],
                                                p["rejected"]) for p in PAIRS[:3]], 64)
     with torch.no_grad():
-        fast = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", supervised_only=True)
-        full = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", supervised_only=False)
+        fast = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", Head())
+        full = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", None)
         # each pair alone (no padding) gives the same numbers
-        alone = [pair_logps(model, [p], tokenizer.pad_token_id, "cpu", supervised_only=False) for p in pairs]
+        alone = [pair_logps(model, [p], tokenizer.pad_token_id, "cpu", None) for p in pairs]
     for a, b in zip(fast, full):
         assert torch.allclose(a, b, atol=1e-4)
     assert torch.allclose(full[0], torch.cat([c for c, _ in alone]), atol=1e-4)

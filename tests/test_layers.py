@@ -15,7 +15,7 @@ LAYERS = [  # top first
     ("models", ["models", "methods", "memory"]),
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
-    ("hardware facts", ["hardware"]),
+    ("hardware and model-family facts", ["hardware", "families"]),
     ("errors", ["errors", "progress", "__init__"]),
 ]
 RANK = {name: len(LAYERS) - i for i, (_, names) in enumerate(LAYERS) for name in names}
