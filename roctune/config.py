@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from roctune import strict_yaml
 from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
@@ -75,8 +76,9 @@ class TrainConfig:
     trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
                                       group="model", cli_only=True)
     # ---- optimisation
-    max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)")
-    epochs: float = setting(1.0, "passes over the training data", ge=0)
+    # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
+    max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000)
+    epochs: float = setting(1.0, "passes over the training data", ge=0, le=100_000)
     lr: float = setting(2e-4, "peak learning rate", gt=0)
     lr_scheduler: str = setting("linear", "learning-rate schedule after warm-up", choices=("linear", "cosine", "constant"))
     warmup_ratio: float = setting(0.0, "fraction of steps spent warming up the learning rate", ge=0, le=1)
@@ -154,6 +156,7 @@ class TrainConfig:
         """Bounds and choices of every field, then the settings that conflict with each other."""
         for f in dataclasses.fields(self):
             check_value(f, getattr(self, f.name))
+            _check_utf8(f.name, getattr(self, f.name))
         if not self.data:
             raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion JSON/JSONL)")
         if not self.output:
@@ -252,6 +255,19 @@ def kind(f: dataclasses.Field) -> str:
 
 
 # ------------------------------------------------------------------------------ values from text and files
+def _check_utf8(name: str, value: Any) -> None:
+    """A setting (a file name, mostly) that is not valid UTF-8 (a file named in a legacy encoding such as GBK reaches
+    Python as surrogate escapes) is refused here: run.yaml, logs and the data cache are UTF-8 and could not hold it."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                raise ConfigError(f"{flag(name)} {shown}: the name is not valid UTF-8 (a legacy encoding such as GBK);"
+                                  " rename the file, e.g. convmv -f gbk -t utf8 --notest FILE") from None
+
+
 def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
     """A YAML, flag or `key=value` value as the field's type, with an error naming the key."""
     k = kind(f)
@@ -294,8 +310,12 @@ def _number(name: str, value: Any, typ: type) -> Any:
 def apply(cfg: TrainConfig, values: dict[str, Any], origin: str, from_cli: bool = False) -> TrainConfig:
     """Set `values` (names with - or _, or an alias) on `cfg`. `origin` names the source in errors."""
     by_name = {f.name: f for f in fields()}
+    given: dict[str, str] = {}
     for raw_key, value in values.items():
         key = ALIASES.get(str(raw_key).replace("-", "_"), str(raw_key).replace("-", "_"))
+        if key in given:  # max-length and max_length, or an alias and its setting: which one is meant?
+            raise ConfigError(f"{origin}: '{given[key]}' and '{raw_key}' both set {key}; keep one")
+        given[key] = str(raw_key)
         if key not in by_name:
             close = [k for k in by_name if key[:4] in k]
             hint = f"; did you mean {', '.join(close[:3])}?" if close else ""
@@ -315,7 +335,7 @@ def load_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such config file")
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = strict_yaml.load(f) or {}
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; save the config file as UTF-8") from None
     except RecursionError:
