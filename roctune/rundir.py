@@ -27,9 +27,10 @@ import logging
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterator
 
+from roctune import strict_yaml
 from roctune.errors import ConfigError, RoctuneError
 
 log = logging.getLogger(__name__)
@@ -90,9 +91,13 @@ def new_file_mode(path: str) -> int:
 def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
     """Fill a temporary folder beside `target` with `fill(tmp)`, then put it in place of `target`. An existing
     `target` is moved aside first and deleted only after the new one is in place, so a killed write leaves
-    either the old or the new folder, and the temporary folder is removed on any error."""
+    either the old or the new folder, and the temporary folder is removed on any error. The temporary names carry
+    the target's name and the writer's pid (`.tmp-NAME.PID-xxxx`): what a killed writer left is removed by the
+    next write of the same target (remove_stale_temps)."""
     parent = os.path.dirname(os.path.abspath(target))
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    remove_stale_temps(target)
+    mine = f"{os.path.basename(os.path.abspath(target))}.{os.getpid()}-"
+    tmp = tempfile.mkdtemp(prefix=".tmp-" + mine, dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes a private 0700 folder; the result gets the usual mode
@@ -100,7 +105,7 @@ def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
     try:
         fill(tmp)
         if os.path.isdir(target):
-            old = tempfile.mkdtemp(prefix=".old-", dir=parent)
+            old = tempfile.mkdtemp(prefix=".old-" + mine, dir=parent)
             os.rmdir(old)
             os.rename(target, old)
         os.rename(tmp, target)
@@ -108,6 +113,33 @@ def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if old:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temps(target: str) -> list[str]:
+    """Remove the `.tmp-NAME.PID-*` / `.old-NAME.PID-*` folders beside `target` whose writer is no longer running
+    (a merge or export killed by SIGKILL or a power cut). Returns what was removed."""
+    parent, name = os.path.split(os.path.abspath(target))
+    removed = []
+    for entry in os.listdir(parent) if os.path.isdir(parent) else []:
+        for prefix in (".tmp-", ".old-"):
+            rest = entry[len(prefix):] if entry.startswith(prefix + name + ".") else ""
+            pid = rest[len(name) + 1:].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)) and os.path.isdir(os.path.join(parent, entry)):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+                removed.append(entry)
+    if removed:
+        log.info("removed %d folder(s) an interrupted write of %s left: %s", len(removed), target, ", ".join(removed))
+    return removed
 
 
 def move_files_into(src_dir: str, out_dir: str) -> None:
@@ -154,6 +186,11 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
             raise ConfigError(f"--resume: {path} holds no {RUN_FILE}; it is not a roctune run directory")
         return
     if overwrite and is_run_dir(path):
+        foreign = foreign_entries(path)
+        if foreign:
+            raise ConfigError(f"--output {path} holds files that roctune's runs do not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); --overwrite only "
+                              "replaces a folder of roctune's own files: move them, or choose another --output")
         return
     if overwrite:
         raise ConfigError(f"--output {path} holds files that roctune did not write (no {RUN_FILE}); --overwrite "
@@ -193,13 +230,147 @@ def check_output_file(path: str, what: str, overwrite: bool = False, inputs: tup
         raise ConfigError(f"{what} {path}: exists and is read-only; choose another path")
 
 
-def clear_run(path: str) -> None:
-    """Empty a previous run directory for --overwrite (check_new_output has checked that roctune wrote it)."""
-    if not is_run_dir(path):
-        raise ConfigError(f"{path}: not a roctune run directory; refusing to delete its files")
-    for name in os.listdir(path):
-        p = os.path.join(path, name)
-        shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+# ------------------------------------------------------------------------------- claiming an output folder
+# What a run directory may hold: the files and folders train, eval and the trackers write there (and the
+# tokenizer/model files save_pretrained writes). --overwrite replaces only a folder these names fully describe.
+OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, "README.md",
+             "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+             "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+             "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
+OWN_DIRS = {BEST_DIR, TENSORBOARD_DIR, EVAL_DIR}
+STAGING_PREFIX = ".tmp-overwrite-"
+
+
+def foreign_entries(path: str) -> list[str]:
+    """Entries of `path` that roctune's runs do not write (empty for a folder roctune's files fully describe)."""
+    out = []
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        is_dir = os.path.isdir(full) and not os.path.islink(full)
+        own = (name.startswith((".tmp-", ".old-")) or (not is_dir and name in OWN_FILES)
+               or (not is_dir and name.startswith("model-") and name.endswith(".safetensors"))
+               or (is_dir and (name in OWN_DIRS or (name.startswith(CHECKPOINT_PREFIX)
+                                                    and name[len(CHECKPOINT_PREFIX):].isdigit()))))
+        if not own:
+            out.append(name + ("/" if is_dir else ""))
+    return out
+
+
+def _sibling(path: str, prefix: str, suffix: str = "") -> str:
+    path = os.path.abspath(path)
+    return os.path.join(os.path.dirname(path), f"{prefix}{os.path.basename(path)}{suffix}")
+
+
+def lock_path(output: str) -> str:
+    """The lock file of a run folder: beside it (`.NAME.roctune-lock`), so a run folder holds only run files."""
+    return _sibling(output, ".", ".roctune-lock")
+
+
+@contextmanager
+def locked(output: str) -> Iterator[None]:
+    """Hold the run folder's lock for the block; another process holding it is refused with its pid.
+
+    flock, not a pid file: the kernel releases the lock when its holder dies in any way, so a stale lock file
+    (a killed run) is simply taken over. The file is removed on release; a process that opened it just before is
+    told by the inode check that it locked a removed file, and tries again."""
+    import fcntl
+
+    path = lock_path(output)
+    while True:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"--output {output}: cannot write in {os.path.dirname(path)} ({e.strerror}); choose "
+                              "another --output") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"--output {output}: another roctune process (pid {holder}) is writing this run; "
+                              "wait for it to finish, or choose another --output") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        with suppress(FileNotFoundError):  # removed by hand meanwhile: nothing left to release
+            os.unlink(path)
+        os.close(fd)
+
+
+def staging_path(output: str) -> str:
+    """Where `--overwrite` builds the new run: a hidden folder beside the old one."""
+    return _sibling(output, STAGING_PREFIX)
+
+
+def replaces_run(output: str, resume: bool, overwrite: bool) -> bool:
+    """True when this run is built beside an existing run that it replaces when complete (--overwrite)."""
+    return overwrite and not resume and is_run_dir(output)
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE): at every moment one complete run is at
+    each name. Where the file system cannot (EINVAL), two renames, with a window of a few microseconds."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None and fn(at_fdcwd, a.encode(), at_fdcwd, b.encode(), rename_exchange) == 0:
+        return
+    if fn is not None and ctypes.get_errno() not in (errno.EINVAL, errno.ENOSYS):
+        raise OSError(ctypes.get_errno(), f"cannot swap {a} and {b}")
+    aside = _sibling(b, ".old-")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
+
+
+def remove_staging(output: str) -> None:
+    """Remove the staging folder an interrupted --overwrite left beside `output` (it holds only run files)."""
+    path = staging_path(output)
+    if os.path.isdir(path) and not foreign_entries(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def claim(output: str, resume: bool, overwrite: bool) -> Iterator[str]:
+    """Own `output` for one run: its lock is held, the checks of check_new_output are made again under it (another
+    run may have finished into it meanwhile), and the block gets the folder to write into. For --overwrite of an
+    existing run that is a staging folder beside it, swapped in only when the block completes: a run interrupted
+    at any moment (Ctrl-C, SIGTERM, a full disk, an exception) leaves the old run as it was; the staging folder is
+    removed (after SIGKILL, at the next start)."""
+    with locked(output):
+        check_new_output(output, resume, overwrite)
+        remove_staging(output)
+        if not replaces_run(output, resume, overwrite):
+            yield output
+            return
+        staging = staging_path(output)
+        try:
+            yield staging
+            _point_run_yaml_at(staging, output)
+            _exchange(staging, output)
+        finally:
+            remove_staging(output)  # the new run when interrupted, the old one after the swap
+
+
+def _point_run_yaml_at(staging: str, output: str) -> None:
+    """run.yaml of the staged run names the folder it will live in."""
+    if is_run_dir(staging):
+        doc = read_run(staging)
+        doc["config"]["output"] = output
+        write_run(staging, doc)
 
 
 # ------------------------------------------------------------------------------------------- run.yaml
@@ -221,7 +392,7 @@ def read_run(run_dir: str) -> dict:
 
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            doc = strict_yaml.load(f)
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
         raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
@@ -260,6 +431,41 @@ def check_safetensors(path: str, what: str) -> None:
         raise RoctuneError(f"{what}: {path} is damaged or truncated ({reason}); copy it again or train again") from None
 
 
+def check_adapter(run_dir: str, what: str) -> dict:
+    """A LoRA adapter folder that PEFT can load, checked before any model is: both files there, adapter_config.json
+    a LoRA config with a positive rank and target modules, and the weights readable with that rank (lora_A's rows;
+    rank_pattern may give modules other ranks). Returns its settings; one error naming the file and field otherwise."""
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not os.path.isfile(os.path.join(run_dir, name)):
+            raise RoctuneError(f"{what}: no {name}; is training finished?")
+    doc = adapter_settings(run_dir)
+    path = os.path.join(run_dir, ADAPTER_CONFIG)
+    if str(doc.get("peft_type", "")).upper() != "LORA":
+        raise RoctuneError(f"{path}: peft_type {doc.get('peft_type')!r}: roctune loads LoRA adapters only")
+    r = doc.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise RoctuneError(f"{path}: r is {r!r}; a LoRA rank is a positive integer (the adapter is damaged)")
+    if not doc.get("target_modules") or not isinstance(doc["target_modules"], (str, list)):
+        raise RoctuneError(f"{path}: no target_modules; the adapter is damaged (copy it again or train again)")
+    weights = os.path.join(run_dir, ADAPTER_WEIGHTS)
+    check_safetensors(weights, what)
+    _check_rank(weights, r, doc.get("rank_pattern") or {}, path)
+    return doc
+
+
+def _check_rank(weights: str, r: int, pattern: dict, config_path: str) -> None:
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        for key in f.keys():
+            if ".lora_A." in key and not any(p in key for p in pattern):
+                rows = f.get_slice(key).get_shape()[0]
+                if rows != r:
+                    raise RoctuneError(f"{config_path}: r is {r} but the weights have rank {rows} ({key}); the "
+                                       "config and weights come from different runs: copy the adapter again")
+                return
+
+
 def adapter_settings(run_dir: str) -> dict:
     path = os.path.join(run_dir, ADAPTER_CONFIG)
     try:
@@ -290,12 +496,18 @@ def read_metrics(run_dir: str) -> list[dict]:
             for line in f:
                 if line.endswith("\n") and line.strip():
                     try:
-                        rows.append(json.loads(line))
+                        row = json.loads(line)
                     except (ValueError, RecursionError):
                         continue
+                    if isinstance(row, dict) and _number(row.get("step")):  # a damaged row is skipped
+                        rows.append(row)
     except FileNotFoundError:
         return []
     return rows
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
@@ -306,7 +518,7 @@ def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
     if keep_until_step <= 0:
         os.unlink(path)
         return
-    keep = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r.get("step", 0) <= keep_until_step]
+    keep = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r["step"] <= keep_until_step]
     atomic_write_text(path, "".join(keep))
 
 

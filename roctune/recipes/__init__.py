@@ -30,17 +30,77 @@ def prepare(cfg, check_output: bool = True):
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
     if check_output:
         rundir.check_new_output(cfg.output, cfg.resume, cfg.overwrite)
+        if cfg.resume:
+            check_resume(cfg)
     return records, eval_records, base_model
+
+
+# What defines a run: a resumed run continues the same training, so these must be what run.yaml recorded (the step
+# plan, the adapter's shape and the data order depend on them). Schedules, step counts, logging and evaluation may
+# change (a larger --max-steps continues a finished run).
+RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
+                "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
+                "seed", "batch_size", "grad_accum")
+
+
+def _same(name: str, given, recorded) -> bool:
+    import os
+
+    if given == recorded:
+        return True
+    if name in ("model", "adapter", "data"):  # the same files, spelled differently
+        pair = [given if isinstance(given, list) else [given], recorded if isinstance(recorded, list) else [recorded]]
+        if all(isinstance(x, str) for part in pair for x in part) and len(pair[0]) == len(pair[1]):
+            return all(os.path.realpath(a) == os.path.realpath(b) for a, b in zip(*pair))
+    return False
+
+
+def check_resume(cfg) -> None:
+    """--resume with settings that define a different run (another model, rank or data) is refused, naming the
+    flag, both values and the fix; the run's files stay as they are."""
+    from roctune import rundir
+    from roctune.errors import ConfigError
+
+    recorded = rundir.read_run(cfg.output).get("config") or {}
+    for name in RESUME_FIXED:
+        if name in recorded and not _same(name, getattr(cfg, name), recorded[name]):
+            flag, given, was = "--" + name.replace("_", "-"), getattr(cfg, name), recorded[name]
+            shown = " ".join(map(str, was)) if isinstance(was, list) else was
+            raise ConfigError(f"--resume: {flag} is {'(default)' if given is None else repr(given)} here but "
+                              f"{was!r} in the run ({cfg.output}/{rundir.RUN_FILE}); a resumed run continues the "
+                              f"same training: give {flag} {shown} as the run did, or start a new run (another "
+                              "--output, or --overwrite)")
 
 
 def train(cfg, log=log.info, progress: bool = True) -> dict:
     """Run one training job with the recipe of cfg.stage. Returns a summary dict (final loss, steps, tokens/s,
-    output dir)."""
+    output dir). The first process claims the output folder for the run (rundir.claim: its lock; with --overwrite a
+    staging folder that replaces the old run only once complete); the others write nothing there themselves."""
+    from roctune import rundir
     from roctune.training.launch import env_rank
 
-    records, eval_records, base_model = prepare(cfg, check_output=env_rank() == 0)
+    main = env_rank() == 0
+    records, eval_records, base_model = prepare(cfg, check_output=main)
     if cfg.stage == "dpo":
         from roctune.recipes import dpo as recipe
     else:
         from roctune.recipes import sft as recipe
-    return recipe.run(cfg, records, eval_records, base_model, log, progress)
+    target = cfg.output
+    if not main:
+        if rundir.replaces_run(target, cfg.resume, cfg.overwrite):
+            cfg.output = rundir.staging_path(target)
+        try:
+            return recipe.run(cfg, records, eval_records, base_model, log, progress)
+        finally:
+            cfg.output = target
+    with rundir.claim(target, cfg.resume, cfg.overwrite) as folder:
+        if folder != target:
+            log(f"--overwrite: building the new run in {folder}; it replaces {target} only once complete")
+        cfg.output = folder
+        try:
+            summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
+        finally:
+            cfg.output = target
+    if folder != target:
+        log(f"--overwrite: the new run replaced the previous one in {target}")
+    return {**summary, "output": target}

@@ -141,11 +141,10 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
 
 
 def open_output(cfg, dist: Context) -> None:
-    """Create the run directory (rank 0), emptying a previous roctune run for --overwrite."""
+    """Create the run directory (rank 0; for --overwrite the staging folder rundir.claim chose) and remove what an
+    interrupted write left in it."""
     if not dist.is_main:
         return
-    if cfg.overwrite and not cfg.resume and rundir.is_run_dir(cfg.output):
-        rundir.clear_run(cfg.output)
     os.makedirs(cfg.output, exist_ok=True)
     rundir.remove_leftovers(cfg.output)
 
