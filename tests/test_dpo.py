@@ -161,8 +161,11 @@ def test_dpo_checkpoint_and_resume_give_the_uninterrupted_run(tiny_model_dir, tm
     run(make_cfg(data, straight, tiny_model_dir, **kw))
     out = tmp_path / "resumed"
     run(make_cfg(data, out, tiny_model_dir, save_steps=2, **kw))
-    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2"]
-    # simulate a kill after the checkpoint: the later metrics and the final adapter are gone
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-4"]
+    # simulate a kill after the checkpoint: the later checkpoint, metrics and the final adapter are gone
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-4")
     rows = metrics(out)
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows[:2])

@@ -68,16 +68,22 @@ def test_loss_goes_down_with_eval(tiny_model_dir, alpaca_file, tmp_path):
 
 
 def test_resume_continues_exactly(tiny_model_dir, alpaca_file, tmp_path):
-    straight = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "a", max_steps=4),
+    """Dropout on: the RNG state goes into the checkpoint and comes back, so the masks after the resume are the ones
+    the uninterrupted run drew."""
+    import shutil
+
+    straight = losses(train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "a", max_steps=4, lora_dropout=0.1),
                             log=lambda s: None, progress=False)["output"])
     out = tmp_path / "b"
-    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2), log=lambda s: None, progress=False)
-    assert os.path.isdir(out / "checkpoint-2")
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2, lora_dropout=0.1),
+          log=lambda s: None, progress=False)
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-4"]
     # pretend the run stopped after step 2: drop what came later, then resume
     lines = open(out / "metrics.jsonl").read().splitlines()[:2]
     open(out / "metrics.jsonl", "w").write("\n".join(lines) + "\n")
     os.unlink(out / "adapter_model.safetensors")
-    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2, resume=True),
+    shutil.rmtree(out / "checkpoint-4")
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2, resume=True, lora_dropout=0.1),
           log=lambda s: None, progress=False)
     assert losses(out) == pytest.approx(straight, rel=1e-5)
     assert os.path.isfile(out / "adapter_model.safetensors")
@@ -88,19 +94,19 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tiny_model_dir
                             log=lambda s: None, progress=False)["output"])
     out = tmp_path / "b"
     train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=1), log=lambda s: None, progress=False)
-    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-3"]
-    # the newest checkpoint's weights were cut short (a killed copy, a full disk): resume takes checkpoint-2
-    weights = out / "checkpoint-3" / "adapter_model.safetensors"
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-3", "checkpoint-4"]
+    # the newest checkpoint's weights were cut short (a killed copy, a full disk): resume takes checkpoint-3
+    weights = out / "checkpoint-4" / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     lines = []
     with caplog.at_level("WARNING"):
         train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=1, resume=True),
               log=lines.append, progress=False)
-    assert "resumed from step 2" in lines
-    assert any("checkpoint-3" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "resumed from step 3" in lines
+    assert any("checkpoint-4" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert losses(out) == pytest.approx(straight, rel=1e-5)
     # checkpoints hold no pickles: tensors in safetensors, the rest in JSON
-    assert sorted(os.listdir(out / "checkpoint-2")) == sorted(
+    assert sorted(os.listdir(out / "checkpoint-3")) == sorted(
         ["adapter_config.json", "adapter_model.safetensors", "README.md", "trainer_state.json",
          "training_state.json", "training_state.safetensors"])
 

@@ -20,10 +20,13 @@ def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, ke
     import torch
 
     rng_states = distributed.gather_objects(dist, torch.get_rng_state())
+    device_rng = distributed.gather_objects(dist, device_rng_state())
     weights = distributed.full_trainable_state(model)  # None unless sharded: save_pretrained reads the model
     optim_state = distributed.full_optimizer_state(model, optimizer)
     if dist.is_main:
         state = {"optimizer": optim_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
+        if any(r is not None for r in device_rng):
+            state["device_rng"] = device_rng
         rundir.save_checkpoint(run_dir, step, lambda folder: save_weights(model, folder, weights), state, keep,
                                extra={"processes": dist.world_size})
     distributed.barrier(dist)
@@ -59,4 +62,24 @@ def restore(blob: dict, model, optimizer, scheduler, dist: Context) -> int:
     scheduler.load_state_dict(state["scheduler"])
     per_rank = state["rng"]
     torch.set_rng_state(per_rank[dist.rank] if len(per_rank) == dist.world_size else per_rank[0])
+    devices = state.get("device_rng") or []
+    if devices:
+        set_device_rng_state(devices[dist.rank] if len(devices) == dist.world_size else devices[0])
     return blob["step"]
+
+
+def device_rng_state():
+    """The GPU's RNG state (CUDA and ROCm: torch.cuda) when this process uses one, else None. Dropout on a GPU
+    draws from it, so a checkpoint without it would not resume exactly."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_rng_state()
+    return None
+
+
+def set_device_rng_state(state) -> None:
+    import torch
+
+    if state is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state)

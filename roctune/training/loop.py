@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from roctune import rundir
+from roctune.errors import ConfigError
 from roctune.progress import Progress
 from roctune.training import checkpoint, distributed
 from roctune.training.batching import plan_steps
@@ -118,6 +119,9 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
             p.data = p.data.float()
     blob = checkpoint.load(cfg.output, dist) if cfg.resume else None
     start = blob["step"] if blob else 0
+    if start >= len(steps):
+        raise ConfigError(f"--resume: {cfg.output} has already trained {start} of the {len(steps)} steps these "
+                          "settings plan; give a larger --max-steps or --epochs to continue it")
     if task.before_training:
         mine = sorted({i for s in steps[start:] for mb in s[dist.rank::dist.world_size] for i in mb})
         task.before_training(model, mine)
@@ -212,7 +216,9 @@ class _State:
                            "tok/s", say)
                 if stop:
                     break
-                if self.cfg.save_steps and done % self.cfg.save_steps == 0 and done < total:
+                # the last step is checkpointed too (as transformers' Trainer does): a finished run can be continued
+                # with --resume and a larger --max-steps or --epochs
+                if self.cfg.save_steps and (done % self.cfg.save_steps == 0 or done == total):
                     checkpoint.save(self.cfg.output, done, model, optimizer, scheduler, self.dist,
                                     self.cfg.save_total_limit)
         finally:
