@@ -34,11 +34,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     if adapter is not None:
         if not os.path.isdir(adapter):
             raise RoctuneError(f"--adapter {adapter}: no such directory")
-        for name in (rundir.ADAPTER_CONFIG, rundir.ADAPTER_WEIGHTS):
-            if not os.path.isfile(os.path.join(adapter, name)):
-                raise RoctuneError(f"--adapter {adapter}: no {name}; is training finished?")
-        rundir.adapter_settings(adapter)  # a damaged adapter_config.json fails here with one line
-        rundir.check_safetensors(os.path.join(adapter, rundir.ADAPTER_WEIGHTS), f"--adapter {adapter}")
+        rundir.check_adapter(adapter, f"--adapter {adapter}")  # a damaged adapter fails here with one line
         if base_name is None:
             # trust_remote_code is never taken from run.yaml: only the caller's own flag counts
             base_name = rundir.read_run(adapter).get("base_model")

@@ -53,6 +53,7 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
         raise RoctuneError(f"--adapter {adapter}: this {method} run saved a whole model, not an adapter; there is "
                            "nothing to merge (load the directory itself with from_pretrained)")
     if method == "qlora":
+        rundir.check_adapter(adapter, f"--adapter {adapter}")
         # trained on 4-bit weights: merge into those weights dequantized to `dtype`, never into 4-bit ones,
         # and check against the model as trained (4-bit base + adapter)
         from roctune.models import load_tokenizer, resolve_model

@@ -113,6 +113,17 @@ def _linear_names(model) -> list[str]:
     return sorted({n.split(".")[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
 
 
+def _check_rank(meta, r: int, targets: list[str]) -> None:
+    """A LoRA rank above the adapted layers' smaller side adds nothing (the update's rank cannot exceed it) and
+    only allocates memory (--lora-r 10000000 asks for tens of GB); refused with the limit."""
+    sides = [min(m.in_features, m.out_features) for n, m in meta.named_modules()
+             if type(m).__name__ == "Linear" and (targets == ["all-linear"] or n.split(".")[-1] in targets)
+             and "lm_head" not in n]
+    if sides and r > max(sides):
+        raise ConfigError(f"--lora-r {r}: larger than every adapted layer (the largest rank they allow is "
+                          f"{max(sides)}); typical ranks are 8 to 64")
+
+
 def check(cfg, base_model: str) -> None:
     """Raise ConfigError/EnvironmentProblem for anything about the method that is wrong, before loading."""
     if cfg.adapter:
@@ -122,6 +133,7 @@ def check(cfg, base_model: str) -> None:
         if not rundir.has_adapter(cfg.adapter):
             raise ConfigError(f"--adapter {cfg.adapter}: no adapter_config.json there; give the run directory "
                               "of a finished LoRA training")
+        rundir.check_adapter(cfg.adapter, f"--adapter {cfg.adapter}")
     if cfg.method == "qlora":
         from roctune.hardware import choose_device
 
@@ -142,6 +154,7 @@ def check(cfg, base_model: str) -> None:
             if missing:
                 raise ConfigError(f"--target-modules: {', '.join(missing)} not found in this model; its linear "
                                   f"layers are: {', '.join(_linear_names(meta))} (or use all-linear)")
+        _check_rank(meta, cfg.lora_r, targets)
     if cfg.modules_to_save:
         if cfg.method not in ADAPTER_METHODS:
             raise ConfigError(f"--modules-to-save is for LoRA methods; with --method {cfg.method} name modules "

@@ -74,6 +74,29 @@ def default_model_dir() -> str:
     return target
 
 
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
+
+
+def check_model_files(folder: str) -> None:
+    """The JSON files of a model folder parse (a damaged download or a hand edit is one line naming the file, not
+    a traceback from deep inside transformers or tokenizers). About 0.1 s for a 150k-vocabulary tokenizer.json."""
+    import json
+
+    for name in MODEL_JSON_FILES:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting, huge integers
+            reason = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            raise ModelError(f"{path}: not valid JSON ({reason}); the model folder is damaged: copy or download it "
+                             "again") from None
+        if not isinstance(doc, dict):
+            raise ModelError(f"{path}: expected a JSON object; the model folder is damaged: copy or download it again")
+
+
 def resolve_model(name: str | None) -> str:
     """A local directory holding config.json for `name`; raises ModelError with the fix otherwise."""
     if name is None or name.strip().lower() in DEFAULT_ALIASES:
@@ -82,6 +105,7 @@ def resolve_model(name: str | None) -> str:
     if os.path.isdir(expanded):
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise ModelError(f"{name}: directory has no config.json; point --model at a transformers model directory")
+        check_model_files(expanded)
         return os.path.abspath(expanded)
     if expanded.startswith((".", "/", "~")) or os.sep in expanded and expanded.count("/") != 1:
         raise ModelError(f"{name}: no such model directory")

@@ -96,11 +96,9 @@ class AdapterStack:
             raise ApiError(409, f"a model named {name!r} is already loaded; unload it first or pick another name",
                            code="conflict", param="name")
         try:
-            acfg = rundir.adapter_settings(path)
+            acfg = rundir.check_adapter(path, f"adapter {name}")
         except RoctuneError as e:
             raise bad_field("path", str(e)) from None
-        if str(acfg.get("peft_type", "")).upper() != "LORA":
-            raise bad_field("path", f"{path}: peft_type {acfg.get('peft_type')!r} is not served; only LoRA adapters")
         self._check_base(path)
         from peft import PeftModel
 
