@@ -70,6 +70,8 @@ def maybe_json(value: Any, where: str, key: str) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: field '{key}' holds invalid JSON ({e.msg})") from None
+        except (RecursionError, ValueError):  # thousands of levels, or an integer of more digits than Python takes
+            raise DataError(f"{where}: field '{key}' holds JSON nested too deeply or with numbers too long") from None
     return value
 
 
@@ -87,7 +89,7 @@ def parse_turns(turns, where: str, key: str, role_key: str | None, content_key: 
         rk = role_key or ("role" if "role" in turn else "from")
         ck = content_key or ("content" if "content" in turn else "value")
         role = turn.get(rk)
-        if role not in role_map:
+        if not isinstance(role, str) or role not in role_map:
             raise DataError(f"{where}: field '{key}[{j}].{rk}' is {role!r}; expected one of {expected}")
         msgs.append(_turn(turn, role_map[role], ck, f"{where}: {key}[{j}]"))
     return msgs
@@ -132,6 +134,9 @@ def parse_tool_calls(value, where: str, key: str) -> list[dict]:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: field '{key}[{j}].arguments' holds invalid JSON ({e.msg})") from None
+            except (RecursionError, ValueError):
+                raise DataError(f"{where}: field '{key}[{j}].arguments' holds JSON nested too deeply or with "
+                                "numbers too long") from None
         if not isinstance(args, dict):
             raise DataError(f"{where}: field '{key}[{j}].arguments' must be a JSON object")
         item = {"type": "function", "function": {"name": name, "arguments": args}}

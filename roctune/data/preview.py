@@ -4,6 +4,7 @@ text marked learned or context, with the token counts. `roctune data preview` an
 """
 from __future__ import annotations
 
+import sys
 from itertools import islice
 
 from roctune.data.records import Example, iter_examples
@@ -13,8 +14,8 @@ from roctune.errors import DataError
 
 def read_example(spec: str, index: int = 0) -> Example:
     """Record number `index` (0-based, counting valid records as training reads them) of one --data value."""
-    if index < 0:
-        raise DataError(f"--index must be 0 or more (got {index})")
+    if not 0 <= index <= sys.maxsize:
+        raise DataError(f"--index must be a record number from 0 (got {index})")
     found = next(islice(iter_examples(spec), index, None), None)
     if found is None:
         n = sum(1 for _ in iter_examples(spec))

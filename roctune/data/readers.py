@@ -27,6 +27,10 @@ TOO_DEEP = "JSON nested too deeply (thousands of levels); a record must be a pla
 # Fields that hold structured values; in a CSV file their cells are JSON text.
 _JSON_COLUMNS = ("messages", "conversations", "history")
 FILE_KINDS = ("jsonl", "json", "csv", "parquet")
+# A record (a JSONL line, a JSON array item) longer than this is refused: real records are kilobytes, and without
+# a bound a 2 GiB file without newlines would be read whole, as bytes and again as text.
+MAX_RECORD_BYTES = 64 << 20
+TOO_LONG = f"longer than {MAX_RECORD_BYTES >> 20} MiB without a line break; one record per line is expected"
 
 
 def raise_or_report(on_error: OnError, err: DataError) -> None:
@@ -42,6 +46,8 @@ def _check_path(path: str) -> None:
     if os.path.isdir(path):
         raise DataError(f"{path}: is a directory; give a .jsonl, .json, .csv or .parquet file, or a "
                         "LLaMA-Factory data directory (with dataset_info.json) as DIR:name")
+    if not os.path.isfile(path):  # a FIFO or device would block or never end
+        raise DataError(f"{path}: not a regular file (a pipe or device); save the data to a file first")
 
 
 def _first_byte(path: str) -> bytes | None:
@@ -156,6 +162,8 @@ def parse_jsonl_line(line: bytes, path: str, lineno: int) -> dict | None:
         hint = ("; a .json file must hold one JSON array of records, or one record per line"
                 if path.lower().endswith(".json") else "; each line must be one complete JSON object")
         raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}){hint}") from None
+    except ValueError as e:  # an integer of more digits than Python converts (4300)
+        raise DataError(f"{path}:{lineno}: a value the JSON reader refuses ({str(e).split(';')[0]})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -165,7 +173,9 @@ def _iter_jsonl(path: str, on_error: OnError = None, on_read: OnRead = None) -> 
     fast = fast_jsonl_object
     pos = 0
     with open(path, "rb", buffering=_CHUNK) as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(iter(lambda: f.readline(MAX_RECORD_BYTES + 1), b""), 1):
+            if len(line) > MAX_RECORD_BYTES:
+                raise DataError(f"{path}:{lineno}: {TOO_LONG}")
             if on_read is not None:
                 pos += len(line)
                 on_read(pos)
@@ -236,6 +246,9 @@ class _TextWindow:
             except json.JSONDecodeError as e:
                 # Near the end of the buffer the item may just be cut by the chunking: read more.
                 if not self.eof and (e.pos >= len(self.buf) - 16 or e.msg.startswith("Unterminated string")):
+                    if len(self.buf) - self.pos > MAX_RECORD_BYTES:
+                        raise DataError(f"{self.path}: record {index} (line {self.line}): longer than "
+                                        f"{MAX_RECORD_BYTES >> 20} MiB; split it into smaller records") from None
                     self.more()
                     continue
                 reason = e.msg[:-3] if e.msg.endswith(" at") else e.msg
@@ -243,6 +256,9 @@ class _TextWindow:
                 if e.pos >= len(self.buf) - 16:
                     msg += "; the file looks truncated"
                 raise self.syntax_error(msg, self.line + self.buf.count("\n", self.pos, e.pos)) from None
+            except ValueError as e:  # an integer of more digits than Python converts (4300)
+                raise DataError(f"{self.path}: record {index} (line {self.line}): a value the JSON reader "
+                                f"refuses ({str(e).split(';')[0]})") from None
 
 
 def _iter_json_array(path: str, on_error: OnError = None, on_read: OnRead = None) -> Iterator[tuple[str, int, dict]]:
@@ -343,6 +359,18 @@ def _iter_csv(path: str, on_error: OnError = None, decode_json_cells: bool = Tru
             raise DataError(f"{path}: the file is empty; add a header row and at least one example")
 
 
+def _refuse_map_columns(schema, path: str) -> None:
+    """A Parquet map column reads as a list of (key, value) pairs, which looks exactly like a `history` of
+    (question, answer) turns and would be trained as one: a map in a column roctune reads turns from is refused,
+    naming the column (other columns are not read)."""
+    import pyarrow as pa
+
+    for field in schema:
+        if pa.types.is_map(field.type) and field.name in _JSON_COLUMNS:
+            raise DataError(f"{path}: column '{field.name}' is a Parquet map ({field.type}); roctune reads strings, "
+                            "lists and structs: write it as a list of [question, answer] lists or as JSON text")
+
+
 def _iter_parquet(path: str, on_error: OnError = None, on_read: OnRead = None) -> Iterator[tuple[str, int, dict]]:
     try:
         import pyarrow.parquet as pq
@@ -352,6 +380,7 @@ def _iter_parquet(path: str, on_error: OnError = None, on_read: OnRead = None) -
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    _refuse_map_columns(pf.schema_arrow, path)
     index, size, rows = 0, os.path.getsize(path), max(1, pf.metadata.num_rows)
     batches = pf.iter_batches(batch_size=1024)
     while True:

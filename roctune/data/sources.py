@@ -58,8 +58,8 @@ def split_weight(spec: str) -> tuple[str, float | None]:
     if os.path.isdir(rest) and m["w"] in _dataset_names(rest):
         return spec, None
     weight = float(m["w"])
-    if weight <= 0:
-        raise DataError(f"--data {spec}: the mixing weight must be > 0 (got {m['w']})")
+    if not 0 < weight < float("inf"):
+        raise DataError(f"--data {spec}: the mixing weight must be > 0 and finite (got {m['w']})")
     return rest, weight
 
 
@@ -111,6 +111,8 @@ def _read_dataset_info(directory: str, info_path: str) -> dict:
         raise DataError(f"{info_path}: not UTF-8 text; re-save the file as UTF-8") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{info_path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except (RecursionError, ValueError):
+        raise DataError(f"{info_path}: JSON nested too deeply or with numbers too long to be a dataset list") from None
     if not isinstance(info, dict) or not info:
         raise DataError(f"{info_path}: expected an object mapping dataset names to their descriptions")
     return info

@@ -7,6 +7,7 @@ Each recogniser is a function of the log's lines (and its whole text, for detail
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -150,12 +151,17 @@ def explain(text: str) -> list[Explanation]:
     return found
 
 
+MAX_LOG_CHARS = 64 << 20  # the failures explain() knows show in the first MiBs; a larger file is read this far
+
+
 def read_log(path: str) -> str:
     """The log at `path`, or standard input for "-"."""
     if path == "-":
         return sys.stdin.read()
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/zero, a FIFO: never-ending or blocking reads
+        raise ConfigError(f"--explain {path}: not a regular file; save the log to a file first (or pipe it: -)")
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+            return f.read(MAX_LOG_CHARS)
     except OSError as e:
         raise ConfigError(f"--explain: cannot read {path}: {e.strerror}") from e
