@@ -42,7 +42,9 @@ def test_form_becomes_a_config_file_for_train(tmp_path):
               "max_steps": 12, "batch_size": 4.0, "grad_accum": 1, "max_length": 64,
               "target_modules": "q_proj, v_proj", "dtype": "fp32", "attn": "auto", "method": "full",
               "overwrite": True, "model": "", "adapter": "", "trust_remote_code": True}
-    cfg, trust = form_config(values, Workspace(str(tmp_path)))
+    with pytest.raises(Exception, match="unless the server was started with `roctune webui --trust-remote-code`"):
+        form_config(values, Workspace(str(tmp_path)))  # the page alone cannot ask for a model's own code
+    cfg, trust = form_config(values, Workspace(str(tmp_path), trust_remote_code=True))
     root = os.path.realpath(tmp_path)
     assert trust and cfg.data == [os.path.join(root, "a.jsonl")] and cfg.output == os.path.join(root, "runs", "x")
     assert (cfg.lora_r, cfg.batch_size, cfg.target_modules, cfg.method, cfg.model) == (16, 4, ["q_proj", "v_proj"],
@@ -168,6 +170,9 @@ def test_non_loopback_host_needs_a_login(tmp_path, capsys):
     for bad in ("me", ":pw", "me:"):
         with pytest.raises(ConfigError, match="expected USER:PASS"):
             read_auth(bad, None)
+    os.mkfifo(tmp_path / "fifo")  # opening it would wait for a writer forever
+    with pytest.raises(ConfigError, match="--auth-file .*fifo: not a regular file"):
+        read_auth(None, str(tmp_path / "fifo"))
 
 
 def test_cli_error_from_a_finished_process():

@@ -16,6 +16,9 @@ def register(sub) -> None:
                    help="where new runs go by default, inside --root (default runs)")
     p.add_argument("--auth", metavar="USER:PASS", help="login for the page and its API")
     p.add_argument("--auth-file", metavar="FILE", help="file whose first line is USER:PASS (kept out of `ps`)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let training started from the page run a model's own Python code (auto_map); off by "
+                        "default, since anyone who reaches the page could then run code as you")
     p.set_defaults(func=run)
 
 
@@ -32,5 +35,6 @@ def run(args) -> int:
     check_host(args.host, auth)
     ws = Workspace(args.root)
     print(f"roctune webui: serving {ws.root} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    launch(args.host, args.port, run_root=args.runs, block=True, root=ws.root, auth=auth)
+    launch(args.host, args.port, run_root=args.runs, block=True, root=ws.root, auth=auth,
+           trust_remote_code=args.trust_remote_code)
     return 0

@@ -82,6 +82,19 @@ def check_outputs(inp: str, out: str, report: str | None = None, overwrite: bool
         check_output_file(report, "--report", overwrite, (inp,))
 
 
+# What the copy may be called, by the input's format: the copy keeps that format, so its name must say so (a
+# `.py` name on JSON lines would turn data into a file Python imports; csv/tsv must keep the input's delimiter).
+_OUT_SUFFIXES = {"jsonl": (".jsonl", ".json"), "json": (".json", ".jsonl"), "parquet": (".parquet", ".pq")}
+
+
+def check_output_name(inp: str, kind: str, out: str) -> None:
+    """OUT's extension must name the input's format (the copy is written in that format)."""
+    allowed = _OUT_SUFFIXES.get(kind) or (os.path.splitext(inp)[1].lower(),)
+    if not out.lower().endswith(allowed):
+        raise DataError(f"{out}: the scrubbed copy keeps the input's format ({kind}); give OUT a name ending in "
+                        f"{' or '.join(allowed)}")
+
+
 def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bool = False,
                say=lambda *_: None) -> dict:
     """Write a redacted copy of `inp` to `out` in the same format; returns counts per type. A long run reports
@@ -91,6 +104,7 @@ def scrub_file(inp: str, out: str, types: list[str] | None = None, overwrite: bo
     existing `out` is replaced only with `overwrite`.
     """
     kind = file_kind(inp)
+    check_output_name(inp, kind, out)
     check_outputs(inp, out, overwrite=overwrite)
     scrubber = Scrubber(types)
     meter = Meter(os.path.getsize(inp), "scrubbing", say, in_bytes=True)

@@ -15,15 +15,16 @@ from roctune.webui.workspace import Workspace
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
-def build_app(run_root: str = "runs", root: str | None = None):
+def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code: bool = False):
     """The Gradio Blocks app. `root` is the workspace (default: the current folder): every path the page reads
-    or writes must lie inside it. `run_root` is where new runs go by default (relative to the root)."""
+    or writes must lie inside it. `run_root` is where new runs go by default (relative to the root). Only with
+    `trust_remote_code` may the page's training run a model's own code."""
     try:
         import gradio as gr
     except ImportError:
         raise EnvironmentProblem("the web UI needs gradio: pip install 'roctune[webui]' (make setup installs it)")
 
-    ws = Workspace(root)
+    ws = Workspace(root, trust_remote_code)
     state = {"job": None}
     theme = gr.themes.Soft(font=["ui-sans-serif", "system-ui", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
@@ -34,7 +35,7 @@ def build_app(run_root: str = "runs", root: str | None = None):
         with gr.Tabs():
             doctor.build(gr, app)
             data_ui = data.build(gr, ws)
-            train_ui = train.build(gr, run_root)
+            train_ui = train.build(gr, run_root, ws.trust_remote_code)
             chat_ui = chat.build(gr, ws, chat.ModelCache())
             eval_ui = eval_panel.build(gr, ws)
             export_ui = export.build(gr, ws)
@@ -46,13 +47,13 @@ def build_app(run_root: str = "runs", root: str | None = None):
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", block: bool = True,
-           root: str | None = None, auth: tuple[str, str] | None = None):
+           root: str | None = None, auth: tuple[str, str] | None = None, trust_remote_code: bool = False):
     """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
     Returns the app."""
     from roctune.webui.server import check_host
 
     check_host(host, auth)
-    app = build_app(run_root, root)
+    app = build_app(run_root, root, trust_remote_code)
     extra = getattr(app, "_roctune_launch", {})
     try:
         app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,

@@ -75,7 +75,7 @@ def send_handler(ws, models: ModelCache):
         text = (msg or "").strip()
         if not text:
             return "", ft_hist, base_hist, box("type a message first", "info")
-        adapter = ws.path(adapter, "--adapter") if (adapter or "").strip() else None
+        adapter = ws.adapter(adapter) if (adapter or "").strip() else None
         model = ws.model(model)
         compare = bool(compare and adapter)
         if max_new is None or max_new <= 0:

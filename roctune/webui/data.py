@@ -116,8 +116,12 @@ def run_check(paths_text: str | list[str], max_length: float | None) -> str:
 
 
 def default_scrub_output(path: str) -> str:
+    """`<input>.scrubbed.<ext>`, or `.scrubbed-2`, `-3`... beside it: the page never replaces a file."""
     stem, ext = os.path.splitext(path)
-    return f"{stem}.scrubbed{ext}"
+    out, n = f"{stem}.scrubbed{ext}", 2
+    while os.path.lexists(out):
+        out, n = f"{stem}.scrubbed-{n}{ext}", n + 1
+    return out
 
 
 def run_scrub(path: str, out: str, types: list[str] | None) -> str:
@@ -125,8 +129,8 @@ def run_scrub(path: str, out: str, types: list[str] | None) -> str:
     from roctune.data.pii import PLACEHOLDERS
     from roctune.data.scrub import scrub_file
 
-    # the page's outputs are confined to the workspace, where replacing an earlier scrub is what the user asked
-    report = scrub_file(path, out, types or None, overwrite=True)
+    # never over an existing file: over the page's API that could replace a dataset or a run's adapter config
+    report = scrub_file(path, out, types or None, overwrite=False)
     rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
                    for t, n in report["counts"].items())
     return (f"<p>Redacted in {report['records']} records ({report['records_changed']} changed); "
@@ -143,6 +147,8 @@ def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:
     if len(paths) != 1:
         raise ConfigError("scrub takes one input file; pick exactly one dataset")
     src = ws.data([paths[0]])[0]
+    if not os.path.isfile(src):
+        raise ConfigError(f"--data {paths[0]}: scrub takes one file, not a data directory")
     out = ws.path((output or "").strip() or default_scrub_output(src), "--output", write=True)
     return src, out
 

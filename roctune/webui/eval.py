@@ -35,7 +35,7 @@ def eval_handler(ws):
             raise ConfigError("no held-out data: give a dataset file with reference answers")
         if max_new is None or max_new <= 0:
             raise ConfigError("--max-new-tokens must be > 0")
-        adapter = ws.path(adapter, "--adapter")
+        adapter = ws.adapter(adapter)
         out = _report_dir(ws, adapter, output)
         report.check_output(out)
         opts = Options(adapter, ws.data(paths), max_new_tokens=int(max_new))

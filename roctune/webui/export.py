@@ -16,7 +16,7 @@ def _paths(ws, adapter: str, output: str, what: str) -> tuple[str, str]:
         raise ConfigError("no adapter: give a run directory (the Train panel fills it in)")
     if not (output or "").strip():
         raise ConfigError(f"no output directory: give where to save the {what}")
-    return ws.path(adapter, "--adapter"), ws.path(output, "--output", write=True)
+    return ws.adapter(adapter), ws.path(output, "--output", write=True)
 
 
 def merge_handler(ws):

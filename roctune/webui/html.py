@@ -2,6 +2,7 @@
 that turns any failure into that line, sizes in GiB, the page's CSS."""
 from __future__ import annotations
 
+import functools
 import html
 import traceback
 
@@ -48,6 +49,7 @@ def guard(command: str, n_outputs: int, status_index: int = 0):
     """Wrap a handler so a RoctuneError (or anything else) becomes the CLI's line in its status box."""
 
     def wrap(fn):
+        @functools.wraps(fn)  # the API endpoint keeps the handler's name (/on_scrub, not /inner_4)
         def inner(*args):
             try:
                 return fn(*args)

@@ -4,6 +4,8 @@ every handler is callable over Gradio's HTTP API."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 
 from roctune.errors import ConfigError
 
@@ -32,8 +34,11 @@ def read_auth(auth: str | None, auth_file: str | None) -> tuple[str, str] | None
         return parse_auth(auth, "--auth")
     if auth_file:
         try:
+            if not stat.S_ISREG(os.stat(auth_file).st_mode):  # a FIFO or device would block or never end
+                raise ConfigError(f"--auth-file {auth_file}: not a regular file; give a file whose first line is "
+                                  "USER:PASS")
             with open(auth_file, encoding="utf-8") as f:
-                first = f.readline()
+                first = f.readline(4096)
         except OSError as e:
             raise ConfigError(f"--auth-file {auth_file}: {e.strerror or e}") from None
         return parse_auth(first, f"--auth-file {auth_file}")

@@ -78,7 +78,10 @@ def loss_frame(metrics: list[dict]):
     return frame.astype({"step": "int64", "loss": "float64"})
 
 
-def _form(gr, run_root: str) -> dict:
+TRUST_OFF = "off: start the server with `roctune webui --trust-remote-code` to allow a model's own code"
+
+
+def _form(gr, run_root: str, trust_allowed: bool = False) -> dict:
     """The settings form, one accordion per group of settings; {name: component} in declaration order."""
     from roctune.config import GROUP_TITLES
 
@@ -93,12 +96,15 @@ def _form(gr, run_root: str) -> dict:
                         value = None
                         if s["name"] == "output":  # a new run directory each time the page loads
                             value = lambda: os.path.join(run_root, time.strftime("webui-%Y%m%d-%H%M%S"))  # noqa: E731
-                        fields[s["name"]] = component(gr, s, value)
+                        if s["name"] == "trust_remote_code" and not trust_allowed:
+                            fields[s["name"]] = component(gr, dict(s, help=TRUST_OFF), value, interactive=False)
+                        else:
+                            fields[s["name"]] = component(gr, s, value)
     return fields
 
 
-def _layout(gr, run_root: str) -> SimpleNamespace:
-    ui = SimpleNamespace(fields=_form(gr, run_root))
+def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
+    ui = SimpleNamespace(fields=_form(gr, run_root, trust_allowed))
     ui.estimate = gr.HTML(elem_id="rt-estimate-out")
     with gr.Row():
         ui.start_btn = gr.Button("Start training", variant="primary", elem_id="rt-start")
@@ -114,10 +120,11 @@ def _layout(gr, run_root: str) -> SimpleNamespace:
     return ui
 
 
-def build(gr, run_root: str) -> SimpleNamespace:
-    """The Train tab's components (call inside gr.Tabs); `wire` connects them once every tab exists."""
+def build(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
+    """The Train tab's components (call inside gr.Tabs); `wire` connects them once every tab exists. The
+    trust_remote_code box can be ticked only when the server allows it (`roctune webui --trust-remote-code`)."""
     with gr.Tab("Train", id="train"):
-        return _layout(gr, run_root)
+        return _layout(gr, run_root, trust_allowed)
 
 
 def start_handler(gr, ui, ws, state):

@@ -24,11 +24,11 @@ def elem_id(name: str) -> str:
     return "rt-train-" + name.replace("_", "-")
 
 
-def component(gr, spec: dict, value: Any = None):
+def component(gr, spec: dict, value: Any = None, **extra):
     """The Gradio component for one setting. Inclusive bounds (ge, le) become the number box's min/max; the
     exclusive ones (gt, lt) are left to `validate`, which shows the CLI's message for them."""
     name, kind, default = spec["name"], spec["kind"], spec["default"]
-    kw = dict(label=name.replace("_", " "), info=spec["help"], elem_id=elem_id(name))
+    kw = dict(label=name.replace("_", " "), info=spec["help"], elem_id=elem_id(name), **extra)
     value = default if value is None else value
     if spec["choices"]:  # a list with choices (report_to) picks several
         return gr.Dropdown(list(spec["choices"]), value=value, multiselect=kind == "list", **kw)
@@ -60,6 +60,8 @@ def _value(spec: dict, raw: Any, ws) -> Any:
     text = (raw or "").strip()
     if name == "model":
         return ws.model(text)
+    if name == "adapter" and text:
+        return ws.adapter(text)
     if name in PATH_FIELDS and text:
         return ws.path(text, "--" + name, write=name == "output")
     return text if text or spec["default"] is not None else None
@@ -71,7 +73,7 @@ def fill_config(values: dict[str, Any], ws):
     from roctune import config
 
     specs = {s["name"]: s for s in form_specs(tuple(config.GROUP_TITLES))}
-    trust = bool(values.get("trust_remote_code"))
+    trust = ws.check_trust(bool(values.get("trust_remote_code")))
     cfg = config.TrainConfig()
     settings = {}
     for name, raw in values.items():

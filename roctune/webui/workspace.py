@@ -3,7 +3,12 @@
 The page has no login of its own and every handler can be called over Gradio's HTTP API, so a path typed into
 the page (data, run and adapter directories, merge and scrub outputs, a local model) is resolved, symlinks and
 `..` included, and refused unless it lies inside the root (`roctune webui --root DIR`, default: the folder the
-server was started in). Handlers then use the resolved path, never the text they were given.
+server was started in). Handlers then use the resolved path, never the text they were given. What a path
+leads to is checked too: the files a LLaMA-Factory `dataset_info.json` names, and the base model an adapter's
+run.yaml names. A hub id (org/name) is looked up only in the hub cache, never as a folder beside the server.
+
+The page never runs a model's own Python code unless the server was started with `--trust-remote-code`, and
+uploads are data files only (no `.py`), so nothing the page writes can become importable code.
 """
 from __future__ import annotations
 
@@ -13,11 +18,21 @@ import shutil
 from roctune.errors import ConfigError
 
 
+UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".pq")
+
+
 class Workspace:
-    def __init__(self, root: str | None = None):
+    def __init__(self, root: str | None = None, trust_remote_code: bool = False):
         self.root = os.path.realpath(root or os.getcwd())
         if not os.path.isdir(self.root):
             raise ConfigError(f"--root {root}: no such directory")
+        self.trust_remote_code = trust_remote_code  # only `roctune webui --trust-remote-code` sets it
+
+    def check_trust(self, asked: bool) -> bool:
+        if asked and not self.trust_remote_code:
+            raise ConfigError("trust_remote_code: the page runs no model code of its own unless the server was "
+                              "started with `roctune webui --trust-remote-code`; untick it, or restart the server so")
+        return bool(asked)
 
     def contains(self, real: str) -> bool:
         return os.path.commonpath([self.root, real]) == self.root
@@ -42,10 +57,23 @@ class Workspace:
         for spec in specs:
             directory, sep, names = spec.rpartition(":")
             if sep and directory and not os.path.exists(os.path.join(self.root, spec)):
-                out.append(self.path(directory, what) + ":" + names)
+                resolved = self.path(directory, what) + ":" + names
+                base = self.path(directory, what)
             else:
-                out.append(self.path(spec, what))
+                resolved = base = self.path(spec, what)
+            if os.path.isdir(base):
+                self._check_sources(resolved, spec, what)
+            out.append(resolved)
         return out
+
+    def _check_sources(self, resolved: str, spec: str, what: str) -> None:
+        """Every file a data directory's dataset_info.json names must lie inside the root too."""
+        from roctune.data.sources import resolve_sources
+
+        for src in resolve_sources(resolved):
+            if not self.contains(os.path.realpath(src.path)):
+                raise ConfigError(f"{what} {spec}: dataset_info.json names {src.path}, outside the workspace "
+                                  f"{self.root}; the web UI reads only inside it (move the file into the workspace)")
 
     def model(self, text: str | None, what: str = "--model") -> str | None:
         """A local model directory is checked like any path; a hub id (org/name, not a folder here) is kept."""
@@ -54,12 +82,50 @@ class Workspace:
             return None
         local = (os.path.isabs(text) or text.startswith((".", "~"))
                  or os.path.lexists(os.path.join(self.root, text)))
-        return self.path(text, what) if local else text
+        if local:
+            return self.path(text, what)
+        if os.path.lexists(text):  # resolve_model would take this folder beside the server for the hub id
+            if not self.contains(os.path.realpath(text)):
+                raise ConfigError(f"{what} {text}: is a folder in the server's working folder {os.getcwd()}, "
+                                  f"outside the workspace {self.root}; give a model folder inside the workspace")
+            return self.path(os.path.realpath(text), what)
+        return text
+
+    def adapter(self, text: str, what: str = "--adapter") -> str:
+        """An adapter or run directory inside the root whose base model (from its run.yaml or adapter config) is
+        the bundled model, a hub id, a model in the hub cache or a folder inside the root."""
+        real = self.path(text, what)
+        from roctune.errors import RoctuneError
+        from roctune.rundir import read_run
+
+        try:
+            base = read_run(real).get("base_model") if os.path.isdir(real) else None
+        except RoctuneError:
+            return real  # not a run: the command says so in its own words
+        if isinstance(base, str) and base and not self._known_model(base):
+            self.model(base, f"{what} {text}: its base model")
+        return real
+
+    def _known_model(self, base: str) -> bool:
+        """The bundled model and the hub cache are where roctune itself keeps models: not user paths."""
+        if not os.path.isabs(base):
+            return False
+        from huggingface_hub import constants
+
+        from roctune.models import DEFAULT_MODEL, roctune_home
+
+        real = os.path.realpath(base)
+        stores = [os.path.realpath(p) for p in (constants.HF_HUB_CACHE,
+                                                os.path.join(roctune_home(), "models", DEFAULT_MODEL))]
+        return any(os.path.commonpath([s, real]) == s for s in stores)
 
     def take_upload(self, tmp: str) -> str:
-        """Copy a file uploaded through the page into <root>/uploads (never over an existing file)."""
+        """Copy a data file uploaded through the page into <root>/uploads (never over an existing file)."""
         if not tmp or not os.path.isfile(tmp):
             raise ConfigError("the upload did not arrive; try again")
+        if not tmp.lower().endswith(UPLOAD_SUFFIXES):
+            raise ConfigError(f"upload {os.path.basename(tmp)}: the page takes data files only "
+                              f"({', '.join(UPLOAD_SUFFIXES)}); copy other files into the workspace yourself")
         folder = os.path.join(self.root, "uploads")
         os.makedirs(folder, exist_ok=True)
         stem, ext = os.path.splitext(os.path.basename(tmp))
