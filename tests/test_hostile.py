@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import pathlib
 import stat
 import sys
 
@@ -129,6 +130,44 @@ def ws(tmp_path, monkeypatch, tiny_model_dir):
     _adapter(w / "trusting", weights, run_yaml=f"base_model: {w / 'evil_model'}\nconfig:\n  trust_remote_code: true\n")
     for damage in ("pickle", "weights", "state"):
         _checkpoint_run(w / f"ck_{damage}", tiny_model_dir, damage)
+    (w / "userrun" / "notes").mkdir(parents=True)  # a user's project folder that happens to hold a run.yaml
+    (w / "userrun" / "run.yaml").write_text(f"base_model: {tiny_model_dir}\nconfig: {{method: lora}}\n")
+    (w / "userrun" / "main.py").write_text("print('the user's code')\n")
+    (w / "resumable").mkdir()  # what --resume compares: the settings run.yaml recorded
+    (w / "resumable" / "run.yaml").write_text(json.dumps({"base_model": str(tiny_model_dir), "config": {
+        "stage": "sft", "method": "lora", "model": str(tiny_model_dir), "data": ["d.jsonl"], "lora_r": 8}}))
+    (w / "bomb.yaml").write_text("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 16)))
+    (w / "dup.yaml").write_text("lr: 1.0e-4\nlr: 1.0e-3\n")
+    (w / "variants.yaml").write_text("max-length: 64\nmax_length: 128\n")
+    _write_rows(w / "other.jsonl", [{"instruction": "q", "output": "a"}])
+    os.mkfifo(w / "fifo.jsonl")
+    _write_rows(w / "rolelist.jsonl", [{"messages": [{"role": ["user"], "content": "a"},
+                                                     {"role": "assistant", "content": "b"}]}])
+    _write_rows(w / "fromobj.jsonl", [{"conversations": [{"from": {"a": 1}, "value": "a"},
+                                                         {"from": "gpt", "value": "b"}]}])
+    deep = "[" * 50000 + "]" * 50000
+    _write_rows(w / "deeparg.jsonl", [{"messages": [{"role": "user", "content": "a"}, {
+        "role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": deep}]}]}])
+    (w / "lf").mkdir()
+    (w / "lf" / "dataset_info.json").write_text('{"x": ' + deep + "}")
+    _write_rows(w / os.fsdecode(b"caf\xe9.jsonl"), [{"instruction": "q", "output": "a"}])
+    pq.write_table(pa.table({"instruction": ["q"], "output": ["a"], "history": pa.array(
+        [[("earlier q", "earlier a")]], type=pa.map_(pa.string(), pa.string()))}), str(w / "map.parquet"))
+    for name, change in (("a_notargets", {"target_modules": None}), ("a_rank0", {"r": 0}),
+                         ("a_prefix", {"peft_type": "PREFIX_TUNING"}), ("a_rank", {})):
+        _adapter(w / name, st_save({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight":
+                                    torch.zeros(4 if name == "a_rank" else 2, 64)}))
+        doc = json.loads((w / name / "adapter_config.json").read_text())
+        doc.update(change)
+        (w / name / "adapter_config.json").write_text(json.dumps(doc))
+    (w / "badcfg").mkdir()
+    (w / "badcfg" / "config.json").write_text("{not json")
+    (w / "badtok").mkdir()
+    for name in ("config.json", "tokenizer_config.json"):
+        (w / "badtok" / name).write_bytes((pathlib.Path(tiny_model_dir) / name).read_bytes())
+    (w / "badtok" / "tokenizer.json").write_text('{"model": ')
+    (w / "bigint.jsonl").write_text('{"instruction": ' + "7" * 5000 + ', "output": "x"}\n')
     monkeypatch.chdir(w)
     return {"dir": w, "ro": _unwritable_folder(tmp_path), "tiny": tiny_model_dir}
 
@@ -182,9 +221,11 @@ CASES = {
         ("facts-deep", "doctor --torch-facts @deep.json", "nested too deeply"),
         ("facts-latin1", "doctor --torch-facts @latin1.yaml", "not UTF-8"),
         ("bad-flag", "doctor --frobnicate", "--frobnicate"),
+        ("explain-device", "doctor --explain /dev/zero", "/dev/zero"),
     ],
     "data": [
         ("check-max-length-0", "data check d.jsonl --max-length 0", "--max-length"),
+        ("preview-index-huge", "data preview d.jsonl --index 1000000000000000000000000000000", "--index"),
         ("check-max-length-negative", "data check d.jsonl --max-length -3", "--max-length"),
         ("scrub-deep-jsonl", "data scrub deep.jsonl outdir/x.jsonl", "deep.jsonl:1"),
         ("scrub-deep-json", "data scrub deep.json outdir/x.json", "deep.json: record 0"),
@@ -199,6 +240,7 @@ CASES = {
         ("scrub-report-is-input", "data scrub d.jsonl outdir/x.jsonl --report d.jsonl", "--report d.jsonl"),
         ("scrub-report-existing", "data scrub d.jsonl outdir/x.jsonl --report existing.jsonl", "--report"),
         ("scrub-missing-input", "data scrub nowhere.jsonl outdir/x.jsonl", "nowhere.jsonl"),
+        ("scrub-out-py", "data scrub d.jsonl outdir/evil.py", "keeps the input's format (jsonl)"),
         ("split-ratio-nan", "data split d.jsonl --eval-ratio nan --out-train outdir/a.jsonl --out-eval outdir/b.jsonl",
          "--eval-ratio"),
         ("split-ratio-text", "data split d.jsonl --eval-ratio half --out-train outdir/a.jsonl --out-eval outdir/b.jsonl",
@@ -234,6 +276,30 @@ CASES = {
         ("output-is-file", "train --data d.jsonl --output afile", "--output afile"),
         ("output-under-file", "train --data d.jsonl --output afile/r", "afile"),
         ("output-read-only", "train --data d.jsonl --output RO/r", "RO"),
+        ("output-proc", "train --data d.jsonl --output /proc/x --model TINY", "/proc"),
+        ("overwrite-run-with-user-files", "train --data d.jsonl --output userrun --overwrite", "main.py"),
+        ("epochs-huge", "train --data d.jsonl --output outdir/r --epochs 1e308", "--epochs"),
+        ("max-steps-huge", "train --data d.jsonl --output outdir/r --max-steps 1000000000000000", "--max-steps"),
+        ("lora-r-huge", "train --data d.jsonl --output outdir/r --model TINY --lora-r 10000000", "--lora-r"),
+        ("config-alias-bomb", "train --config bomb.yaml --data d.jsonl --output outdir/r", "bomb.yaml"),
+        ("config-duplicate-key", "train --config dup.yaml --data d.jsonl --output outdir/r", "dup.yaml:2"),
+        ("config-spelling-variants", "train --config variants.yaml --data d.jsonl --output outdir/r", "max_length"),
+        ("data-fifo", "train --data fifo.jsonl --output outdir/r", "fifo.jsonl"),
+        ("data-huge-integer", "train --data bigint.jsonl --output outdir/r", "bigint.jsonl:1"),
+        ("resume-other-rank", "train --data d.jsonl --output resumable --resume --model TINY --lora-r 16",
+         "--lora-r"),
+        ("resume-other-data", "train --data other.jsonl --output resumable --resume --model TINY", "--data"),
+        ("resume-other-model", "train --data d.jsonl --output resumable --resume", "--model"),
+        ("data-role-list", "train --data rolelist.jsonl --output outdir/r", "rolelist.jsonl:1"),
+        ("data-from-object", "train --data fromobj.jsonl --output outdir/r", "fromobj.jsonl:1"),
+        ("data-deep-arguments", "train --data deeparg.jsonl --output outdir/r", "deeparg.jsonl:1"),
+        ("data-deep-dataset-info", "train --data lf:x --output outdir/r", "dataset_info.json"),
+        ("data-weight-infinite", "train --data d.jsonl:1e999 --output outdir/r", "weight"),
+        ("data-name-not-utf8", "train --data caf\udce9.jsonl --output outdir/r", "not valid UTF-8"),
+        ("data-parquet-map", "train --data map.parquet --output outdir/r", "'history'"),
+        ("model-config-not-json", "train --data d.jsonl --output outdir/r --model badcfg", "badcfg/config.json"),
+        ("model-tokenizer-not-json", "train --data d.jsonl --output outdir/r --model badtok", "tokenizer.json"),
+        ("adapter-rank-mismatch", "train --data d.jsonl --output outdir/r --model TINY --adapter a_rank", "rank 4"),
     ],
     "chat": [
         ("max-new-tokens-0", "chat --max-new-tokens 0", "--max-new-tokens"),
@@ -257,6 +323,12 @@ CASES = {
         ("adapter-missing-weights", "generate --prompt hi --adapter no_weights", "adapter_model.safetensors"),
         ("adapter-truncated", "generate --prompt hi --adapter truncated", "truncated"),
         ("run-yaml-invalid", "generate --prompt hi --adapter bad_run_yaml", "run.yaml"),
+        ("adapter-no-targets", "generate --prompt hi --adapter a_notargets", "target_modules"),
+        ("adapter-rank-0", "generate --prompt hi --adapter a_rank0", "r is 0"),
+        ("adapter-rank-mismatch", "generate --prompt hi --adapter a_rank", "rank 4"),
+        ("adapter-not-lora", "generate --prompt hi --adapter a_prefix", "PREFIX_TUNING"),
+        ("model-config-not-json", "generate --prompt hi --model badcfg", "badcfg/config.json"),
+        ("model-tokenizer-not-json", "generate --prompt hi --model badtok", "badtok/tokenizer.json"),
     ],
     "eval": [
         ("max-new-tokens-0", "eval --adapter no_weights --data d.jsonl --max-new-tokens 0", "--max-new-tokens"),
@@ -284,6 +356,7 @@ CASES = {
         ("output-under-file", "merge --adapter truncated --output afile/m", "afile"),
         ("adapter-truncated", "merge --adapter truncated --output outdir/m", "truncated"),
         ("adapter-missing-weights", "merge --adapter no_weights --output outdir/m", "adapter_model.safetensors"),
+        ("adapter-rank-mismatch", "merge --adapter a_rank --output outdir/m", "rank 4"),
     ],
     "estimate": [
         ("vram-nan", "estimate --no-detect --vram nan", "--vram"),
@@ -319,6 +392,7 @@ CASES = {
         ("host-without-auth", "webui --host 0.0.0.0", "--host 0.0.0.0"),
         ("auth-malformed", "webui --auth nocolon", "--auth"),
         ("auth-file-missing", "webui --auth-file nowhere", "--auth-file"),
+        ("auth-file-fifo", "webui --auth-file fifo.jsonl", "--auth-file fifo.jsonl: not a regular file"),
     ],
 }
 PARAMS = [pytest.param(cmd, argv, names, id=f"{cmd}-{cid}") for cmd, cases in CASES.items()
@@ -328,7 +402,7 @@ PARAMS = [pytest.param(cmd, argv, names, id=f"{cmd}-{cid}") for cmd, cases in CA
 @pytest.mark.parametrize("command, argv, names", PARAMS)
 def test_refused_cleanly(ws, capsys, command, argv, names):
     ro = ws["ro"]
-    args = [a.replace("RO", ro) for a in argv.split()]
+    args = [a.replace("RO", ro).replace("TINY", str(ws["tiny"])) for a in argv.split()]
     refused(args, capsys, names.replace("RO", ro))
 
 
