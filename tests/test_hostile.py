@@ -149,6 +149,8 @@ def ws(tmp_path, monkeypatch, tiny_model_dir):
     deep = "[" * 50000 + "]" * 50000
     _write_rows(w / "deeparg.jsonl", [{"messages": [{"role": "user", "content": "a"}, {
         "role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": deep}]}]}])
+    _write_rows(w / "deeptools.jsonl", [{"messages": [{"role": "user", "content": "a"},
+                                                      {"role": "assistant", "content": "b"}], "tools": deep}])
     (w / "lf").mkdir()
     (w / "lf" / "dataset_info.json").write_text('{"x": ' + deep + "}")
     _write_rows(w / os.fsdecode(b"caf\xe9.jsonl"), [{"instruction": "q", "output": "a"}])
@@ -293,6 +295,7 @@ CASES = {
         ("data-role-list", "train --data rolelist.jsonl --output outdir/r", "rolelist.jsonl:1"),
         ("data-from-object", "train --data fromobj.jsonl --output outdir/r", "fromobj.jsonl:1"),
         ("data-deep-arguments", "train --data deeparg.jsonl --output outdir/r", "deeparg.jsonl:1"),
+        ("data-deep-tools", "train --data deeptools.jsonl --output outdir/r", "deeptools.jsonl:1"),
         ("data-deep-dataset-info", "train --data lf:x --output outdir/r", "dataset_info.json"),
         ("data-weight-infinite", "train --data d.jsonl:1e999 --output outdir/r", "weight"),
         ("data-name-not-utf8", "train --data caf\udce9.jsonl --output outdir/r", "not valid UTF-8"),

@@ -59,6 +59,8 @@ def test_a_finished_run_continues_with_more_steps(tiny_model_dir, alpaca_file, t
     out = tmp_path / "run"
     quiet(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=2, save_steps=2))
     assert rundir.list_checkpoints(str(out)) == [2]  # the last step is checkpointed
+    with open(out / rundir.METRICS_FILE, "a") as f:  # damaged rows (a hand edit, another tool) are skipped
+        f.write('[1, 2]\n{"step": "x", "loss": 1}\n"text"\n')
     lines = []
     train(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=4, save_steps=2, resume=True), log=lines.append,
           progress=False)
@@ -127,6 +129,26 @@ def test_a_full_disk_during_overwrite_keeps_the_old_run(tiny_model_dir, alpaca_f
     assert code == 2 and len(err) == 1 and "no space left" in err[0], err
     assert tree(out) == before
     assert sorted(os.listdir(tmp_path)) == ["alpaca.jsonl", "run"]
+
+
+def test_a_full_disk_during_merge_is_one_line_and_leaves_nothing(tiny_model_dir, alpaca_file, tmp_path, capsys,
+                                                                 monkeypatch):
+    import transformers
+
+    run = tmp_path / "run"
+    quiet(tiny_cfg(tiny_model_dir, alpaca_file, run, max_steps=1))
+    before = tree(run)
+
+    def full(self, folder, *a, **k):  # half a file written, then the disk is full
+        open(os.path.join(folder, "model.safetensors"), "wb").write(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device", os.path.join(folder, "model.safetensors"))
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full)
+    code = main(["merge", "--adapter", str(run), "--output", str(tmp_path / "merged")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no space left on the device" in err[0], err
+    assert sorted(os.listdir(tmp_path)) == ["alpaca.jsonl", "run"]  # no merged folder, no hidden .tmp-* beside it
+    assert tree(run) == before
 
 
 def _start(argv, cwd):
