@@ -274,6 +274,24 @@ def test_sigterm_runs_the_commands_cleanups():
     assert r.returncode == 130 and "interrupted" in r.stderr
 
 
+def test_sigterm_during_merge_leaves_no_hidden_folder(tiny_model_dir, alpaca_file, tmp_path):
+    """SIGTERM arrives while merge writes its weights: nothing is left beside the target (before, a 166 MB .tmp-*)."""
+    run = tmp_path / "run"
+    quiet(tiny_cfg(tiny_model_dir, alpaca_file, run, max_steps=1))
+    code = ("import os, signal, sys, time\n"
+            "import transformers\n"
+            "from roctune import cli\n"
+            "def slow_save(self, folder, *a, **k):\n"
+            "    open(os.path.join(folder, 'model.safetensors'), 'wb').write(b'0' * 100000)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "transformers.PreTrainedModel.save_pretrained = slow_save\n"
+            f"sys.exit(cli.main(['merge', '--adapter', {str(run)!r}, '--output', {str(tmp_path / 'merged')!r}]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 130 and "interrupted" in r.stderr, r.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["alpaca.jsonl", "run"]
+
+
 # ----------------------------------------------------------------------------------------- device RNG
 def test_checkpoints_keep_the_gpus_rng_state(tiny_model_dir, alpaca_file, tmp_path, monkeypatch):
     """On a GPU, dropout draws from torch.cuda's generator: it goes into the checkpoint and comes back (a stand-in
