@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One GPU check for a machine with an AMD (ROCm) or NVIDIA GPU, in a few minutes:
 #   1. roctune doctor --selftest (numeric self-test of every attention kernel and 4-bit against float64)
-#   2. a Qwen2.5-0.5B-shaped model built from a config (random weights, the bundled tokenizer)
+#   2. a Qwen2.5-0.5B-shaped model built from a config (random weights, the bundled tokenizer, or the tokenizer
+#      folder $TOKENIZER when set: a GPU machine without the bundled model's package)
 #   3. LoRA and QLoRA training steps in bf16 with sdpa, eager and flash_attention_2 (when flash-attn is installed)
 #   4. roctune bench: tokens/s and peak memory on that model
 #   5. scripts/measure_memory.py --device cuda: measured peaks against roctune's memory estimator
 #   6. roctune serve answering with two adapters
 # Writes results.json and results.md (and a log per step) to the folder given as $1 (default ./gpu_check_out).
 # Every step runs; the exit status is non-zero and the failing steps are named when any step breaks.
-# Usage: scripts/gpu_check.sh [OUT_DIR]     (PY=/path/to/python to choose the interpreter)
+# Usage: scripts/gpu_check.sh [OUT_DIR]     (PY=/path/to/python to choose the interpreter;
+#        GPU_CHECK_STEPS="model train-lora-sdpa serve" to run only those steps)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,9 +33,10 @@ MODEL="$OUT/model"
 : >"$OUT/steps.tsv"
 FAILED=()
 
-step() {  # step NAME COMMAND...: run it, log it, record ok/fail and its time
-  local name="$1" start status
+step() {  # step NAME COMMAND...: run it, log it, record ok/fail and its time (only the named ones when
+  local name="$1" start status  # GPU_CHECK_STEPS lists step names, e.g. "model train-lora-sdpa serve")
   shift
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ " $GPU_CHECK_STEPS " != *" $name "* ]]; then return 0; fi
   start=$(date +%s)
   echo "== $name"
   if "$@" >"$OUT/logs/$name.log" 2>&1; then status=ok; else status=fail; FAILED+=("$name"); fi
@@ -46,6 +49,7 @@ step() {  # step NAME COMMAND...: run it, log it, record ok/fail and its time
 
 build_model() {
   "$PY" - "$MODEL" <<'EOF'
+import os
 import sys
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -57,7 +61,7 @@ cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, nu
                   tie_word_embeddings=True, rms_norm_eps=1e-6)
 torch.manual_seed(0)
 Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
-AutoTokenizer.from_pretrained(default_model_dir()).save_pretrained(sys.argv[1])
+AutoTokenizer.from_pretrained(os.environ.get("TOKENIZER") or default_model_dir()).save_pretrained(sys.argv[1])
 print("model:", sys.argv[1])
 EOF
 }
@@ -101,14 +105,16 @@ serve_check() {
   "${RT[@]}" serve --model "$MODEL" --adapter "a=$OUT/runs/lora-sdpa" --adapter "b=$OUT/runs/qlora-sdpa" \
     --port "$port" --device cuda --log-level warning >"$OUT/logs/serve-server.log" 2>&1 &
   pid=$!
-  "$PY" - "$port" <<'EOF'
-import json, sys, time, urllib.request
+  "$PY" - "$port" "$pid" <<'EOF'
+import json, os, sys, time, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
 for _ in range(240):
     try:
         urllib.request.urlopen(base + "/health", timeout=2)
         break
     except OSError:
+        if not os.path.exists(f"/proc/{sys.argv[2]}"):  # the server died: say so now, not after the wait
+            sys.exit("the server exited before it served (see serve-server.log)")
         time.sleep(0.5)
 else:
     sys.exit("server did not come up in 120 s (see serve-server.log)")
