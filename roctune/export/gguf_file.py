@@ -10,8 +10,9 @@ its merges and llama.cpp's pre-tokenizer name. No compiler, no second environmen
 and compared with the merged model after writing (verify.py), so a mistake here cannot pass silently.
 Anything outside that family is refused with one clear line before anything is loaded.
 
-K-quants (q4_k_m, ...) need llama.cpp's quantizer: used through llama-cpp-python when installed (its
-`llama_model_quantize`, from an f16 GGUF written here); never downloaded or built behind the user's back.
+K-quants (q4_k_m, ...) and q4_0/q5_0 are made by llama.cpp's own quantizer from an f16 GGUF written here:
+through llama-cpp-py-sync (prebuilt, see llamacpp.py) or llama-cpp-python, whichever is installed; never
+downloaded or built behind the user's back.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from roctune.progress import counted
 log = logging.getLogger(__name__)
 
 QUANTS = ("f16", "bf16", "q8_0")  # written here
-KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k")  # through llama-cpp-python
+KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")  # llama.cpp's quantizer
 ARCHITECTURES = {"LlamaForCausalLM": "llama"}  # what this writer knows how to lay out
 
 # llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its
@@ -52,15 +53,17 @@ def check_quant(quant: str) -> None:
             raise EnvironmentProblem(kquant_problem())
         return
     raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(QUANTS)} (written by roctune) or "
-                      f"{', '.join(KQUANTS)} (needs llama-cpp-python)")
+                      f"{', '.join(KQUANTS)} (llama.cpp's quantizer: pip install 'roctune[gguf]')")
 
 
 def kquant_problem() -> str | None:
     import importlib.util
 
-    if importlib.util.find_spec("llama_cpp") is None:
-        return ("K-quants need llama.cpp's quantizer: `pip install llama-cpp-python` (it compiles llama.cpp), or "
-                "export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
+    from roctune.export import llamacpp
+
+    if not llamacpp.available() and importlib.util.find_spec("llama_cpp") is None:
+        return ("K-quants need llama.cpp's quantizer: pip install 'roctune[gguf]' (llama-cpp-py-sync, prebuilt, no "
+                "compiler), or export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
     return None
 
 
@@ -227,9 +230,13 @@ def _encode(data, quant: str):
 
 
 def kquantize(src: str, dst: str, quant: str) -> None:
-    """Quantize an f16 GGUF to a K-quant with llama-cpp-python's binding of llama.cpp's own quantizer."""
+    """Quantize an f16 GGUF with llama.cpp's own quantizer: llama-cpp-py-sync's binding, else llama-cpp-python's."""
     import ctypes
 
+    from roctune.export import llamacpp
+
+    if llamacpp.available():
+        return llamacpp.quantize(src, dst, quant)
     import llama_cpp
 
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)

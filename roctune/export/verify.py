@@ -66,7 +66,7 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
         raise RoctuneError(f"the written {gguf_name} cannot be read back ({type(e).__name__}: {e}); not saved") from None
     finally:
         hf_logging.enable_progress_bar()
-    max_diff, answers = 0.0, []
+    max_diff, answers, runs = 0.0, [], []
     for msgs in counted(prompts, "checking gguf prompt", log):
         text = render_prompt(ref_tok, msgs)
         if render_prompt(got_tok, msgs) != text:
@@ -81,6 +81,7 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
                     for m in (ref, got)]
         n = ids["input_ids"].shape[1]
         answers.append([ref_tok.decode(o[0, n:], skip_special_tokens=True) for o in outs])
+        runs.append((ids["input_ids"][0].tolist(), a[0, -1].numpy(), outs[0][0, n:].tolist()))
     tol = TOLERANCE.get(quant, KQUANT_TOLERANCE)
     equal = sum(x == y for x, y in answers)
     report = {"quant": quant, "prompts": len(prompts), "max_abs_logit_diff": round(max_diff, 4), "tolerance": tol,
@@ -88,13 +89,45 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
     if max_diff > tol:
         raise RoctuneError(f"{gguf_name} differs from the merged model by max |logit| {max_diff:.3g} (> {tol:g} "
                            f"for {quant}); not saved")
+    from roctune.export import llamacpp
+
+    if llamacpp.available():
+        report["llama_cpp"] = by_llama_cpp(os.path.join(gguf_dir, gguf_name), runs, ref_tok, tol)
     return report
 
 
+def by_llama_cpp(path: str, runs: list, tok, tol: float) -> dict:
+    """The consumer's own check: llama.cpp loads the file, its logits after each prompt (the same token ids) are
+    within `tol` of the merged model's, and its greedy answer (to its end-of-generation token) is compared."""
+    from roctune.export import llamacpp
+
+    model = llamacpp.Model(path)
+    try:
+        max_diff, answers = 0.0, []
+        for ids, ref_logits, ref_new in runs:
+            logits, new = model.run(ids, NEW_TOKENS)
+            max_diff = max(max_diff, float(abs(logits - ref_logits).max()))
+            eos = tok.eos_token_id
+            ref_new = ref_new[:ref_new.index(eos)] if eos in ref_new else ref_new
+            answers.append({"merged": tok.decode(ref_new), "llama_cpp": tok.decode(new), "equal": new == ref_new})
+    finally:
+        model.close()
+    if max_diff > tol:
+        raise RoctuneError(f"llama.cpp's logits for {os.path.basename(path)} differ from the merged model's by "
+                           f"{max_diff:.3g} (> {tol:g}); not saved")
+    return {"max_abs_logit_diff": round(max_diff, 4), "answers_equal": sum(a["equal"] for a in answers),
+            "answers": answers}
+
+
 def summary(report: dict) -> str:
-    return (f"fidelity check ({report['quant']}, {report['prompts']} prompts from the training data): max |logit "
+    text = (f"fidelity check ({report['quant']}, {report['prompts']} prompts from the training data): max |logit "
             f"difference| {report['max_abs_logit_diff']:.3g} (tolerance {report['tolerance']:g}), greedy answers "
             f"equal {report['answers_equal']}/{report['prompts']}")
+    if "llama_cpp" in report:
+        c = report["llama_cpp"]
+        text += (f"; in llama.cpp itself: max |logit difference| {c['max_abs_logit_diff']:.3g}, greedy answers "
+                 f"equal {c['answers_equal']}/{report['prompts']}")
+    return text
 
 
 def size_text(path: str) -> str:
