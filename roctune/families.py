@@ -98,6 +98,7 @@ FAMILIES: tuple[Family, ...] = (
            gguf_arch="phi3", examples=("microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4")),
     Family("granite", "IBM Granite 3.x", ("granite",), "GraniteForCausalLM", mlp_classes=("GraniteMLP",),
            logits_divisor="logits_scaling", end_of_turn=("<|end_of_text|>",), gguf_arch="granite",
+           gguf_permute_qk=True,  # llama.cpp runs granite with the llama rope (its converter subclasses llama's)
            examples=("ibm-granite/granite-3.3-2b-instruct",)),
 )
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -51,7 +51,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
             report["merge_max_logit_diff"] = _merge(adapter, merged, log)
         report.update(_write(merged, tmp, gguf_name, quant, name, tok, log))
         system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
-        text, _ = deploy.modelfile(gguf_name, tok, system)
+        text, report["modelfile_template"] = _modelfile(gguf_name, tok, system, log)
         rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), text)
         rank = None if full else rundir.adapter_settings(adapter).get("r")
         rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.deploy_md(
@@ -80,6 +80,22 @@ def ollama_name(text: str) -> str:
     return cleaned
 
 
+def _modelfile(gguf_name: str, tok, system: str | None, log) -> tuple[str, bool]:
+    """The Modelfile, best effort: a chat template Ollama's TEMPLATE cannot express leaves it without one (the
+    GGUF is still good), and one line says what to do."""
+    from jinja2 import TemplateError
+
+    from roctune.export import deploy
+
+    try:
+        return deploy.modelfile(gguf_name, tok, system)[0], True
+    except (ConfigError, TemplateError) as e:
+        why = str(e) if isinstance(e, ConfigError) else f"the chat template refuses a probe conversation ({e})"
+        log(f"Modelfile without TEMPLATE: {why}; Ollama will guess the template from the GGUF - check `ollama show "
+            "--template`, or serve it with `llama-server --jinja`, which runs the template inside the GGUF")
+        return deploy.bare_modelfile(gguf_name, tok, system), False
+
+
 def _merge(adapter: str, merged: str, log) -> float:
     from roctune.merge import merge
 
@@ -93,10 +109,10 @@ def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok,
     t = time.monotonic()
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
-        gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
+        facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
         gguf_file.kquantize(f16, path, quant)
         os.unlink(f16)
-        facts = {"bytes": os.path.getsize(path)}
+        facts["bytes"] = os.path.getsize(path)
     else:
         facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log)
     facts["write_seconds"] = round(time.monotonic() - t, 1)

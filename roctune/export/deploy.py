@@ -3,7 +3,7 @@ Ollama, vLLM and SGLang.
 
 Ollama does not run Jinja chat templates, so the model's template is turned into a Go TEMPLATE: it is rendered
 with marker messages to find each role's text before and after the content, and the result is checked by
-rendering a multi-turn conversation both ways; a template that cannot be expressed this way is refused. The
+rendering a multi-turn conversation both ways; a template that cannot be expressed this way gets a bare Modelfile (export says so). The
 end-of-turn token becomes `PARAMETER stop` (without it Ollama generates past the answer). A default system
 prompt the template inserts (SmolLM2 has one) becomes SYSTEM, so Ollama prompts the model as training did."""
 from __future__ import annotations
@@ -99,6 +99,17 @@ def modelfile(gguf_name: str, tok, system: str | None) -> tuple[str, dict]:
     if system:
         lines.append(f'SYSTEM """{_go(system)}"""')
     return "\n".join(lines) + "\n", w
+
+
+def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
+    """A Modelfile without TEMPLATE (for a chat template that cannot be expressed as one): the weights and the
+    stop tokens the tokenizer names."""
+    lines = [f"FROM ./{gguf_name}"]
+    stops = [t for t in dict.fromkeys(_special_tokens(tok)) if t == tok.eos_token or "end" in t.lower()]
+    lines += [f'PARAMETER stop "{t}"' for t in stops if '"' not in t]
+    if system and "{{" not in system and '"""' not in system:
+        lines.append(f'SYSTEM """{system}"""')
+    return "\n".join(lines) + "\n"
 
 
 def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank: int | None,

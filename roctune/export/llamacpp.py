@@ -173,7 +173,7 @@ class Model:
     """A GGUF loaded by llama.cpp on the CPU, run token by token from the token ids given (so the comparison
     with transformers does not depend on two tokenizers)."""
 
-    def __init__(self, path: str, n_ctx: int = 1024):
+    def __init__(self, path: str, n_ctx: int = 0):
         from roctune.errors import RoctuneError
 
         self.ffi, self.lib = binding()
@@ -191,11 +191,30 @@ class Model:
             self.lib.llama_model_free(self.model)
             self.model = None
 
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's own split of `text` (special tokens parsed, nothing added), for comparison."""
+        data = text.encode("utf-8")
+        room = len(data) + 8
+        out = self.ffi.new("llama_token[]", room)
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), out, room, False, True)
+        if n < 0:
+            raise EnvironmentProblem("llama.cpp could not tokenize a prompt")
+        return list(out[0:n])
+
+    def chat_template(self) -> str | None:
+        text = self.lib.llama_model_chat_template(self.model, self.ffi.NULL)
+        return None if text == self.ffi.NULL else self.ffi.string(text).decode("utf-8")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
+
     def run(self, ids: list[int], new_tokens: int):
         """(logits after the prompt as a numpy array, greedy continuation ids up to an end-of-generation token)."""
         import numpy as np
 
         params = self.lib.llama_context_default_params()
+        # no larger than needed: llama.cpp picks Phi-3's long-context rope factors by the context size (above the
+        # original context), transformers by the sequence length, so a short check must use a short context
         params.n_ctx = params.n_batch = max(self.n_ctx, len(ids) + new_tokens + 1)
         params.n_threads = params.n_threads_batch = os.cpu_count() or 1
         ctx = self.lib.llama_init_from_model(self.model, params)
