@@ -19,7 +19,7 @@ from roctune import rundir
 from roctune.errors import ConfigError
 
 MARKER = "roctune_export.json"
-FORMATS = ("gguf",)
+FORMATS = ("gguf", "lora-gguf")
 
 
 def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = None, fmt: str = "gguf",
@@ -36,14 +36,25 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     if not os.path.isdir(adapter):
         raise ConfigError(f"--adapter {adapter}: no such directory")
     check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
+    if fmt == "lora-gguf":
+        from roctune.export.lora_gguf import check_adapter
+
+        check_adapter(adapter)
     full = rundir.is_full_model_dir(adapter)
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src)
-    gguf_file.check_model(adapter if full else base, tok)  # architecture and tokenizer, before any weights load
+    family = gguf_file.check_model(adapter if full else base, tok)[0]  # before any weights load
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
-    gguf_name = f"{name}-{quant}.gguf"
-    started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "quant": quant, "gguf": gguf_name}
+    gguf_name = f"{name}-lora.gguf" if fmt == "lora-gguf" else f"{name}-{quant}.gguf"
+    started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "format": fmt, "gguf": gguf_name}
+    if fmt == "lora-gguf":
+        rundir.write_dir_atomically(output, lambda tmp: _fill_lora(adapter, base, tmp, name, tok, family, verify,
+                                                                   report, started, log))
+        log(f"exported the adapter as {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to "
+            f"{output} in {report['seconds']:.0f} s; it needs the base model's GGUF beside it")
+        return report
+    report["quant"] = quant
 
     def fill(tmp: str) -> None:
         merged = adapter if full else os.path.join(tmp, ".merged")
@@ -70,6 +81,37 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
         f"in {report['seconds']:.0f} s")
     return report
+
+
+def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify: bool, report: dict,
+               started: float, log) -> None:
+    """--format lora-gguf: the adapter alone; checked by applying it in llama.cpp to an f16 GGUF of the base
+    (written for the check, not kept) against the merged model."""
+    from roctune.export import deploy, gguf_file, llamacpp
+    from roctune.export import verify as check
+    from roctune.export.lora_gguf import write_lora_gguf
+
+    path = os.path.join(tmp, report["gguf"])
+    report.update(write_lora_gguf(adapter, base, path, name, family))
+    system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
+    text, report["modelfile_template"] = _modelfile(report["gguf"], tok, system, log)
+    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, report["gguf"], base))
+    rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.lora_deploy_md(tmp, report["gguf"], name,
+                                                                                   rundir.base_model(adapter) or base))
+    if verify and llamacpp.available():
+        merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
+        report["merge_max_logit_diff"] = _merge(adapter, merged, log)
+        gguf_file.write_gguf(base, base_gguf, "f16", name, tok, log)
+        report["check"] = check.verify(merged, tmp, os.path.basename(base_gguf), "f16", check.check_prompts(adapter),
+                                       log, lora=path)
+        log(check.summary(report["check"]) + " (the adapter applied to an f16 GGUF of the base)")
+        shutil.rmtree(merged)
+        os.unlink(base_gguf)
+    else:
+        log("fidelity check skipped: " + ("--no-verify" if not verify else
+                                          "a LoRA GGUF is checked in llama.cpp: pip install 'roctune[gguf]'"))
+    report["seconds"] = round(time.monotonic() - started, 1)
+    rundir.atomic_write_text(os.path.join(tmp, MARKER), json.dumps(report, indent=1, ensure_ascii=False))
 
 
 def ollama_name(text: str) -> str:

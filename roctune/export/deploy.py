@@ -112,6 +112,24 @@ def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def adapter_modelfile(text: str, lora_name: str, base: str) -> str:
+    """A Modelfile for a LoRA GGUF: FROM the base model's GGUF (its path to fill in), ADAPTER this file."""
+    body = text.split("\n", 1)[1]
+    return (f"# FROM: the GGUF of the base model ({base}), unquantized or q8_0, e.g. written by\n"
+            f"#   roctune export --adapter {base} --quant q8_0 --output base-gguf\n"
+            f"FROM ./base-gguf/base-q8_0.gguf\nADAPTER ./{lora_name}\n{body}")
+
+
+def lora_deploy_md(output: str, lora_name: str, name: str, base: str) -> str:
+    return "\n".join([
+        f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter alone "
+        "(see roctune_export.json for its check in llama.cpp). It needs a GGUF of the base model it was trained "
+        f"on ({base}), e.g. `roctune export --adapter {base} --quant q8_0 --output base-gguf`.\n",
+        "## llama.cpp\n", f"```\nllama-server -m base-gguf/base-q8_0.gguf --lora {lora_name} --jinja --port 8080\n```",
+        "## Ollama\n", f"```\nollama create {name} -f Modelfile\nollama run {name}\n```",
+        "Edit the Modelfile's FROM line to the base GGUF first.\n"])
+
+
 def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank: int | None,
               full_model: bool) -> str:
     gguf_path = os.path.join(os.path.abspath(output), gguf_name)

@@ -173,7 +173,8 @@ class Model:
     """A GGUF loaded by llama.cpp on the CPU, run token by token from the token ids given (so the comparison
     with transformers does not depend on two tokenizers)."""
 
-    def __init__(self, path: str, n_ctx: int = 0):
+    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None):
+        """`lora`: a LoRA GGUF applied (scale 1) to the model, as `llama-server --lora` does."""
         from roctune.errors import RoctuneError
 
         self.ffi, self.lib = binding()
@@ -182,11 +183,21 @@ class Model:
         self.model = self.lib.llama_model_load_from_file(path.encode(), params)
         if self.model == self.ffi.NULL:
             raise RoctuneError(f"llama.cpp cannot load {os.path.basename(path)}; not saved")
+        self.adapter = self.ffi.NULL
+        if lora:
+            self.adapter = self.lib.llama_adapter_lora_init(self.model, lora.encode())
+            if self.adapter == self.ffi.NULL:
+                self.close()
+                raise RoctuneError(f"llama.cpp cannot apply {os.path.basename(lora)} to {os.path.basename(path)}; "
+                                   "not saved")
         self.vocab = self.lib.llama_model_get_vocab(self.model)
         self.n_vocab = self.lib.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = n_ctx
 
     def close(self) -> None:
+        if self.adapter != self.ffi.NULL:
+            self.lib.llama_adapter_lora_free(self.adapter)
+            self.adapter = self.ffi.NULL
         if self.model is not None:
             self.lib.llama_model_free(self.model)
             self.model = None
@@ -219,6 +230,11 @@ class Model:
         params.n_threads = params.n_threads_batch = os.cpu_count() or 1
         ctx = self.lib.llama_init_from_model(self.model, params)
         try:
+            if self.adapter != self.ffi.NULL:
+                adapters = self.ffi.new("struct llama_adapter_lora *[1]", [self.adapter])
+                scale = self.ffi.new("float[1]", [1.0])
+                if self.lib.llama_set_adapters_lora(ctx, adapters, 1, scale) != 0:
+                    raise EnvironmentProblem("llama.cpp could not set the LoRA adapter")
             first = self._decode(ctx, ids)
             out, logits = [], first
             for _ in range(new_tokens):

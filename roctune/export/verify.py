@@ -53,10 +53,11 @@ def check_prompts(run: str, n: int = N_PROMPTS) -> list[list[dict]]:
 
 
 def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: list[list[dict]],
-           log=lambda *_: None) -> dict:
+           log=lambda *_: None, lora: str | None = None) -> dict:
     """Compare the GGUF with the merged model, counting the prompts through `log` when it takes a while; raise
     when it is off, return the figures otherwise. The GGUF is run by llama.cpp itself when its library is
-    installed (the consumer: its loader, tokenizer and kernels), else read back by transformers."""
+    installed (the consumer: its loader, tokenizer and kernels), else read back by transformers. `lora`: a LoRA
+    GGUF that llama.cpp applies to the GGUF (then the GGUF is the base and `merged_dir` the merged model)."""
     from roctune.export import llamacpp
 
     ref, tok = _load_reference(merged_dir)
@@ -64,12 +65,13 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
     runs = [_reference_run(ref, tok, msgs) for msgs in counted(prompts, "checking gguf prompt", log)]
     tol = TOLERANCE.get(quant, KQUANT_TOLERANCE)
     if llamacpp.available():
-        report = by_llama_cpp(path, runs, tok)
+        report = by_llama_cpp(path, runs, tok, lora)
     else:
         report = by_transformers(gguf_dir, gguf_name, runs, tok)
     report = {"quant": quant, "prompts": len(prompts), "tolerance": tol, **report}
     if report["max_abs_logit_diff"] > tol:
-        raise RoctuneError(f"{gguf_name} differs from the merged model by max |logit| "
+        what = f"{os.path.basename(lora)} applied to an {quant} GGUF of the base" if lora else gguf_name
+        raise RoctuneError(f"{what} differs from the merged model by max |logit| "
                            f"{report['max_abs_logit_diff']:.3g} (> {tol:g} for {quant}, in {report['checked_by']}); "
                            "not saved")
     return report
@@ -110,13 +112,13 @@ def _reference_run(ref, tok, msgs: list[dict]) -> dict:
     return {"msgs": msgs, "text": text, "ids": ids["input_ids"][0].tolist(), "logits": logits, "new": new[:cut]}
 
 
-def by_llama_cpp(path: str, runs: list[dict], tok) -> dict:
+def by_llama_cpp(path: str, runs: list[dict], tok, lora: str | None = None) -> dict:
     """The consumer's own check: llama.cpp loads the file, splits each rendered prompt into the same token ids
     as the merged model's tokenizer, its logits after the prompt are compared, and its greedy answer (to its
     end-of-generation token) is compared with the merged model's."""
     from roctune.export import llamacpp
 
-    model = llamacpp.Model(path)
+    model = llamacpp.Model(path, lora=lora)
     try:
         if model.chat_template() != (tok.chat_template or None):
             raise RoctuneError(f"the chat template in {os.path.basename(path)} is not the tokenizer's; not saved")
