@@ -15,8 +15,8 @@ code and what it defaults to:
 - attention (`attention_softcap`): a config key that, when set, needs an attention kernel that soft-caps scores.
 - the chat template's end-of-turn tokens (generation stops there) and pad token candidates.
 - the parameter layout the memory estimate counts (norms, q/k norms, fused projections, biases, experts).
-- `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows (the export issue
-  builds the writer on these).
+- `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows; the rest of each
+  family's GGUF layout is its spec in roctune/export/gguf_specs.py.
 
 Adding a family is one `Family(...)` here and one row in the matrix test. Nothing here imports torch.
 """

@@ -188,3 +188,18 @@ def test_llama_cpp_loads_here_without_changing_the_installed_package():
         data = open(path, "rb").read()
         assert llamacpp.weaken_version_need(path, llamacpp.MISSING_VERSION) >= 1  # entries exist, now weak
         assert open(path, "rb").read() == data  # already weak: patching again changes nothing
+
+
+def test_check_prompts_find_relative_training_data_from_another_folder(tmp_path, monkeypatch):
+    """run.yaml keeps `--data` as training got it (relative to where it ran); exporting from elsewhere still
+    checks on the training data, and the report says where the prompts came from."""
+    from roctune.export.verify import check_prompts
+
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "runs" / "demo").mkdir(parents=True)
+    (project / "data" / "chat.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "Where is Roc?"}, {"role": "assistant", "content": "Here."}]}) + "\n")
+    (project / "runs" / "demo" / "run.yaml").write_text("base_model: x\nconfig:\n  data: [data/chat.jsonl]\n")
+    monkeypatch.chdir(tmp_path)  # not the project folder training ran in
+    assert check_prompts(str(project / "runs" / "demo")) == [[{"role": "user", "content": "Where is Roc?"}]]

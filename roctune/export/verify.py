@@ -33,14 +33,16 @@ NEW_TOKENS = 16
 
 def check_prompts(run: str, n: int = N_PROMPTS) -> list[list[dict]]:
     """The first `n` prompts of the run's training data (each conversation up to its last answer); the merge's
-    fixed prompts when the data is not readable any more."""
+    fixed prompts when the data is not readable any more. run.yaml keeps the data paths as training was given
+    them: a relative one is looked for from here, then beside the run's folder and its parents (training usually
+    ran from the project folder that holds both)."""
     from roctune.merge import CHECK_PROMPTS
 
     data = rundir.read_run(run)["config"].get("data") if rundir.is_run_dir(run) else None
     try:
         from roctune.data.records import load_records
 
-        records = load_records(data, limit=n) if data else []
+        records = load_records([_find_data(d, run) for d in data], limit=n) if data else []
     except RoctuneError as e:
         logger.warning("training data not readable (%s); checking on fixed prompts", e)
         records = []
@@ -50,6 +52,19 @@ def check_prompts(run: str, n: int = N_PROMPTS) -> list[list[dict]]:
         if last >= 0:
             prompts.append(r.messages[:last + 1])
     return prompts or [list(p) for p in CHECK_PROMPTS]
+
+
+def _find_data(spec: str, run: str) -> str:
+    path = spec.split(":", 1)[0] if not os.path.exists(spec) else spec
+    if os.path.isabs(path) or os.path.exists(path):
+        return spec
+    folder = os.path.dirname(os.path.abspath(run))
+    while True:
+        if os.path.exists(os.path.join(folder, path)):
+            return os.path.join(folder, spec)
+        if os.path.dirname(folder) == folder:
+            return spec
+        folder = os.path.dirname(folder)
 
 
 def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: list[list[dict]],
@@ -68,7 +83,11 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
         report = by_llama_cpp(path, runs, tok, lora)
     else:
         report = by_transformers(gguf_dir, gguf_name, runs, tok)
-    report = {"quant": quant, "prompts": len(prompts), "tolerance": tol, **report}
+    from roctune.merge import CHECK_PROMPTS
+
+    fixed = [list(p) for p in CHECK_PROMPTS] == prompts
+    report = {"quant": quant, "prompts": len(prompts), "prompts_from": "fixed prompts" if fixed else
+              "the training data", "tolerance": tol, **report}
     if report["max_abs_logit_diff"] > tol:
         what = f"{os.path.basename(lora)} applied to an {quant} GGUF of the base" if lora else gguf_name
         raise RoctuneError(f"{what} differs from the merged model by max |logit| "
@@ -179,7 +198,8 @@ def _figures(by: str, diffs: list, answers: list) -> dict:
 
 
 def summary(report: dict) -> str:
-    return (f"fidelity check ({report['quant']}, {report['prompts']} prompts from the training data, run by "
+    return (f"fidelity check ({report['quant']}, {report['prompts']} prompts from "
+            f"{report.get('prompts_from', 'the training data')}, run by "
             f"{report['checked_by']}): max |logit difference| {report['max_abs_logit_diff']:.3g} (tolerance "
             f"{report['tolerance']:g}), greedy answers equal {report['answers_equal']}/{report['prompts']}")
 
