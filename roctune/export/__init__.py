@@ -2,9 +2,11 @@
 DEPLOY.md (llama.cpp, Ollama, vLLM, SGLang), checked after writing.
 
 Steps: check everything that can be checked before a model loads (quant type, output folder, architecture,
-tokenizer); merge the adapter with `roctune.merge.merge` (its own logits check) into a scratch folder; write the
-GGUF (gguf_file.py); write the Modelfile and DEPLOY.md (deploy.py); read the GGUF back and compare it with the
-merged model (verify.py). All of it happens in a temporary folder beside --output that replaces --output only
+tokenizer, what a LoRA GGUF cannot carry); merge the adapter with `roctune.merge.merge` (its own logits check)
+into a scratch folder; write the GGUF (gguf_file.py, one layout spec per family in gguf_specs.py; K-quants by
+llama.cpp's quantizer, llamacpp.py) or, with --format lora-gguf, the adapter alone (lora_gguf.py); write the
+Modelfile and DEPLOY.md (deploy.py); run the file in llama.cpp (or read it back) and compare it with the merged
+model (verify.py). All of it happens in a temporary folder beside --output that replaces --output only
 when every step passed, so a failed check leaves nothing behind. The folder gets a `roctune_export.json`
 marker (with the figures of the check): --overwrite replaces only such a folder."""
 from __future__ import annotations
@@ -96,8 +98,8 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
     system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
     text, report["modelfile_template"] = _modelfile(report["gguf"], tok, system, log)
     rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, report["gguf"], base))
-    rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.lora_deploy_md(tmp, report["gguf"], name,
-                                                                                   rundir.base_model(adapter) or base))
+    rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"),
+                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base))
     if verify and llamacpp.available():
         merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
         report["merge_max_logit_diff"] = _merge(adapter, merged, log)

@@ -120,7 +120,7 @@ def adapter_modelfile(text: str, lora_name: str, base: str) -> str:
             f"FROM ./base-gguf/base-q8_0.gguf\nADAPTER ./{lora_name}\n{body}")
 
 
-def lora_deploy_md(output: str, lora_name: str, name: str, base: str) -> str:
+def lora_deploy_md(lora_name: str, name: str, base: str) -> str:
     return "\n".join([
         f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter alone "
         "(see roctune_export.json for its check in llama.cpp). It needs a GGUF of the base model it was trained "
