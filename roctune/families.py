@@ -15,8 +15,8 @@ code and what it defaults to:
 - attention (`attention_softcap`): a config key that, when set, needs an attention kernel that soft-caps scores.
 - the chat template's end-of-turn tokens (generation stops there) and pad token candidates.
 - the parameter layout the memory estimate counts (norms, q/k norms, fused projections, biases, experts).
-- `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows (the export issue
-  builds the writer on these).
+- `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows; the rest of each
+  family's GGUF layout is its spec in roctune/export/gguf_specs.py.
 
 Adding a family is one `Family(...)` here and one row in the matrix test. Nothing here imports torch.
 """
@@ -98,6 +98,7 @@ FAMILIES: tuple[Family, ...] = (
            gguf_arch="phi3", examples=("microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4")),
     Family("granite", "IBM Granite 3.x", ("granite",), "GraniteForCausalLM", mlp_classes=("GraniteMLP",),
            logits_divisor="logits_scaling", end_of_turn=("<|end_of_text|>",), gguf_arch="granite",
+           gguf_permute_qk=True,  # llama.cpp runs granite with the llama rope (its converter subclasses llama's)
            examples=("ibm-granite/granite-3.3-2b-instruct",)),
 )
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

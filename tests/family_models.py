@@ -176,10 +176,11 @@ CONFIGS = {
     "gemma2": ("Gemma2Config", "gemma2", dict(_SMALL, head_dim=32, query_pre_attn_scalar=32, sliding_window=16,
                final_logit_softcapping=30.0, attn_logit_softcapping=50.0, hidden_activation="gelu_pytorch_tanh",
                tie_word_embeddings=True)),
-    # gemma-3-1b (text): local (sliding) and global layers with their own rope bases, q/k norms, one KV head
-    "gemma3": ("Gemma3TextConfig", "gemma3", dict(_SMALL, num_key_value_heads=1, head_dim=32,
-               query_pre_attn_scalar=32, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
-               tie_word_embeddings=True)),
+    # gemma-3-1b (text): local (sliding) and global layers with their own rope bases, q/k norms, one KV head; six
+    # layers, as Gemma 3's five local to one global is a pattern llama.cpp fixes in its code (export checks it)
+    "gemma3": ("Gemma3TextConfig", "gemma3", dict(_SMALL, num_hidden_layers=6, num_key_value_heads=1, head_dim=32,
+               query_pre_attn_scalar=32, sliding_window=16,
+               layer_types=["sliding_attention"] * 5 + ["full_attention"], tie_word_embeddings=True)),
     # Phi-3.5-mini: fused qkv_proj and gate_up_proj, long rope, untied
     "phi3": ("Phi3Config", "phi3", dict(_SMALL, num_key_value_heads=4, tie_word_embeddings=False,
              max_position_embeddings=1024, original_max_position_embeddings=256,
@@ -213,4 +214,30 @@ def build(family: str, folder: str, base_dir: str, seed: int = 0) -> str:
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
+    return folder
+
+
+def sharpen(folder: str, seed: int = 0) -> str:
+    """Make a tiny random model's layout mistakes visible in its logits (for the export checks): at init, the
+    queries and keys are so small that attention is uniform (a wrong Q/K permutation changes nothing), norms are
+    all one and biases zero (a dropped or misplaced one changes nothing). Scales Q/K up (more where Granite's
+    attention_multiplier shrinks the scores), and draws norms around one and biases around zero."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        scale = 24.0 if json.load(f).get("attention_multiplier") else 6.0
+    g = torch.Generator().manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                p.mul_(scale)
+    model.save_pretrained(folder)
     return folder

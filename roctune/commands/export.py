@@ -1,5 +1,5 @@
 """`roctune export`: a trained run as a GGUF file for llama.cpp and Ollama (merged, written without a compiler,
-read back and compared with the merged model), with an Ollama Modelfile and a DEPLOY.md for llama.cpp, Ollama,
+run in llama.cpp and compared with the merged model), or its LoRA adapter alone as a GGUF, with an Ollama Modelfile and a DEPLOY.md for llama.cpp, Ollama,
 vLLM and SGLang."""
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ def register(sub) -> None:
                        description=__doc__)
     p.add_argument("--adapter", required=True, metavar="DIR", help="run directory from roctune train")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the .gguf, Modelfile and DEPLOY.md")
-    p.add_argument("--format", default="gguf", metavar="FORMAT", help="gguf (the only one so far)")
+    p.add_argument("--format", default="gguf", metavar="FORMAT",
+                   help="gguf (the merged model) or lora-gguf (the adapter alone, for llama-server --lora and "
+                        "Ollama's ADAPTER, beside a GGUF of the base model)")
     p.add_argument("--quant", default="q8_0", metavar="TYPE",
-                   help="f16, bf16, q8_0 (written by roctune); K-quants q4_k_m, q5_k_m, ... need llama-cpp-python")
+                   help="f16, bf16, q8_0 (written by roctune); q4_k_m, q5_k_m, q6_k, ... (llama.cpp's quantizer: "
+                        "pip install 'roctune[gguf]')")
     p.add_argument("--name", metavar="NAME", help="model name for Ollama and the file (default: the run's folder)")
-    p.add_argument("--no-verify", action="store_true", help="skip reading the GGUF back and comparing it")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip running the GGUF in llama.cpp (or reading it back) and comparing it")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in --output")
     p.set_defaults(func=run)
 

@@ -2,9 +2,11 @@
 DEPLOY.md (llama.cpp, Ollama, vLLM, SGLang), checked after writing.
 
 Steps: check everything that can be checked before a model loads (quant type, output folder, architecture,
-tokenizer); merge the adapter with `roctune.merge.merge` (its own logits check) into a scratch folder; write the
-GGUF (gguf_file.py); write the Modelfile and DEPLOY.md (deploy.py); read the GGUF back and compare it with the
-merged model (verify.py). All of it happens in a temporary folder beside --output that replaces --output only
+tokenizer, what a LoRA GGUF cannot carry); merge the adapter with `roctune.merge.merge` (its own logits check)
+into a scratch folder; write the GGUF (gguf_file.py, one layout spec per family in gguf_specs.py; K-quants by
+llama.cpp's quantizer, llamacpp.py) or, with --format lora-gguf, the adapter alone (lora_gguf.py); write the
+Modelfile and DEPLOY.md (deploy.py); run the file in llama.cpp (or read it back) and compare it with the merged
+model (verify.py). All of it happens in a temporary folder beside --output that replaces --output only
 when every step passed, so a failed check leaves nothing behind. The folder gets a `roctune_export.json`
 marker (with the figures of the check): --overwrite replaces only such a folder."""
 from __future__ import annotations
@@ -19,7 +21,7 @@ from roctune import rundir
 from roctune.errors import ConfigError
 
 MARKER = "roctune_export.json"
-FORMATS = ("gguf",)
+FORMATS = ("gguf", "lora-gguf")
 
 
 def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = None, fmt: str = "gguf",
@@ -36,14 +38,25 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     if not os.path.isdir(adapter):
         raise ConfigError(f"--adapter {adapter}: no such directory")
     check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
+    if fmt == "lora-gguf":
+        from roctune.export.lora_gguf import check_adapter
+
+        check_adapter(adapter)
     full = rundir.is_full_model_dir(adapter)
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src)
-    gguf_file.check_model(adapter if full else base, tok)  # architecture and tokenizer, before any weights load
+    family = gguf_file.check_model(adapter if full else base, tok)[0]  # before any weights load
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
-    gguf_name = f"{name}-{quant}.gguf"
-    started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "quant": quant, "gguf": gguf_name}
+    gguf_name = f"{name}-lora.gguf" if fmt == "lora-gguf" else f"{name}-{quant}.gguf"
+    started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "format": fmt, "gguf": gguf_name}
+    if fmt == "lora-gguf":
+        rundir.write_dir_atomically(output, lambda tmp: _fill_lora(adapter, base, tmp, name, tok, family, verify,
+                                                                   report, started, log))
+        log(f"exported the adapter as {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to "
+            f"{output} in {report['seconds']:.0f} s; it needs the base model's GGUF beside it")
+        return report
+    report["quant"] = quant
 
     def fill(tmp: str) -> None:
         merged = adapter if full else os.path.join(tmp, ".merged")
@@ -51,7 +64,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
             report["merge_max_logit_diff"] = _merge(adapter, merged, log)
         report.update(_write(merged, tmp, gguf_name, quant, name, tok, log))
         system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
-        text, _ = deploy.modelfile(gguf_name, tok, system)
+        text, report["modelfile_template"] = _modelfile(gguf_name, tok, system, log)
         rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), text)
         rank = None if full else rundir.adapter_settings(adapter).get("r")
         rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.deploy_md(
@@ -72,12 +85,59 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     return report
 
 
+def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify: bool, report: dict,
+               started: float, log) -> None:
+    """--format lora-gguf: the adapter alone; checked by applying it in llama.cpp to an f16 GGUF of the base
+    (written for the check, not kept) against the merged model."""
+    from roctune.export import deploy, gguf_file, llamacpp
+    from roctune.export import verify as check
+    from roctune.export.lora_gguf import write_lora_gguf
+
+    path = os.path.join(tmp, report["gguf"])
+    report.update(write_lora_gguf(adapter, base, path, name, family))
+    system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
+    text, report["modelfile_template"] = _modelfile(report["gguf"], tok, system, log)
+    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, report["gguf"], base))
+    rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"),
+                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base))
+    if verify and llamacpp.available():
+        merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
+        report["merge_max_logit_diff"] = _merge(adapter, merged, log)
+        gguf_file.write_gguf(base, base_gguf, "f16", name, tok, log)
+        report["check"] = check.verify(merged, tmp, os.path.basename(base_gguf), "f16", check.check_prompts(adapter),
+                                       log, lora=path)
+        log(check.summary(report["check"]) + " (the adapter applied to an f16 GGUF of the base)")
+        shutil.rmtree(merged)
+        os.unlink(base_gguf)
+    else:
+        log("fidelity check skipped: " + ("--no-verify" if not verify else
+                                          "a LoRA GGUF is checked in llama.cpp: pip install 'roctune[gguf]'"))
+    report["seconds"] = round(time.monotonic() - started, 1)
+    rundir.atomic_write_text(os.path.join(tmp, MARKER), json.dumps(report, indent=1, ensure_ascii=False))
+
+
 def ollama_name(text: str) -> str:
     """A model name Ollama accepts: lowercase letters, digits, '.', '_' and '-'."""
     cleaned = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
     if not cleaned:
         raise ConfigError(f"--name {text!r}: give a name with letters or digits")
     return cleaned
+
+
+def _modelfile(gguf_name: str, tok, system: str | None, log) -> tuple[str, bool]:
+    """The Modelfile, best effort: a chat template Ollama's TEMPLATE cannot express leaves it without one (the
+    GGUF is still good), and one line says what to do."""
+    from jinja2 import TemplateError
+
+    from roctune.export import deploy
+
+    try:
+        return deploy.modelfile(gguf_name, tok, system)[0], True
+    except (ConfigError, TemplateError) as e:
+        why = str(e) if isinstance(e, ConfigError) else f"the chat template refuses a probe conversation ({e})"
+        log(f"Modelfile without TEMPLATE: {why}; Ollama will guess the template from the GGUF - check `ollama show "
+            "--template`, or serve it with `llama-server --jinja`, which runs the template inside the GGUF")
+        return deploy.bare_modelfile(gguf_name, tok, system), False
 
 
 def _merge(adapter: str, merged: str, log) -> float:
@@ -93,10 +153,10 @@ def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok,
     t = time.monotonic()
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
-        gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
+        facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
         gguf_file.kquantize(f16, path, quant)
         os.unlink(f16)
-        facts = {"bytes": os.path.getsize(path)}
+        facts["bytes"] = os.path.getsize(path)
     else:
         facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log)
     facts["write_seconds"] = round(time.monotonic() - t, 1)

@@ -3,7 +3,7 @@ Ollama, vLLM and SGLang.
 
 Ollama does not run Jinja chat templates, so the model's template is turned into a Go TEMPLATE: it is rendered
 with marker messages to find each role's text before and after the content, and the result is checked by
-rendering a multi-turn conversation both ways; a template that cannot be expressed this way is refused. The
+rendering a multi-turn conversation both ways; a template that cannot be expressed this way gets a bare Modelfile (export says so). The
 end-of-turn token becomes `PARAMETER stop` (without it Ollama generates past the answer). A default system
 prompt the template inserts (SmolLM2 has one) becomes SYSTEM, so Ollama prompts the model as training did."""
 from __future__ import annotations
@@ -99,6 +99,35 @@ def modelfile(gguf_name: str, tok, system: str | None) -> tuple[str, dict]:
     if system:
         lines.append(f'SYSTEM """{_go(system)}"""')
     return "\n".join(lines) + "\n", w
+
+
+def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
+    """A Modelfile without TEMPLATE (for a chat template that cannot be expressed as one): the weights and the
+    stop tokens the tokenizer names."""
+    lines = [f"FROM ./{gguf_name}"]
+    stops = [t for t in dict.fromkeys(_special_tokens(tok)) if t == tok.eos_token or "end" in t.lower()]
+    lines += [f'PARAMETER stop "{t}"' for t in stops if '"' not in t]
+    if system and "{{" not in system and '"""' not in system:
+        lines.append(f'SYSTEM """{system}"""')
+    return "\n".join(lines) + "\n"
+
+
+def adapter_modelfile(text: str, lora_name: str, base: str) -> str:
+    """A Modelfile for a LoRA GGUF: FROM the base model's GGUF (its path to fill in), ADAPTER this file."""
+    body = text.split("\n", 1)[1]
+    return (f"# FROM: the GGUF of the base model ({base}), unquantized or q8_0, e.g. written by\n"
+            f"#   roctune export --adapter {base} --quant q8_0 --output base-gguf\n"
+            f"FROM ./base-gguf/base-q8_0.gguf\nADAPTER ./{lora_name}\n{body}")
+
+
+def lora_deploy_md(lora_name: str, name: str, base: str) -> str:
+    return "\n".join([
+        f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter alone "
+        "(see roctune_export.json for its check in llama.cpp). It needs a GGUF of the base model it was trained "
+        f"on ({base}), e.g. `roctune export --adapter {base} --quant q8_0 --output base-gguf`.\n",
+        "## llama.cpp\n", f"```\nllama-server -m base-gguf/base-q8_0.gguf --lora {lora_name} --jinja --port 8080\n```",
+        "## Ollama\n", f"```\nollama create {name} -f Modelfile\nollama run {name}\n```",
+        "Edit the Modelfile's FROM line to the base GGUF first.\n"])
 
 
 def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank: int | None,

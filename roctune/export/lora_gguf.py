@@ -1,0 +1,115 @@
+"""A LoRA adapter alone as a GGUF file, for `llama-server -m BASE.gguf --lora ADAPTER.gguf` and Ollama's
+`ADAPTER`: one base GGUF then serves many fine-tunes.
+
+The layout is llama.cpp's LoRA GGUF: `general.type` = adapter, `adapter.type` = lora, `adapter.lora.alpha`, the
+base's architecture, and for each adapted matrix its base tensor's GGUF name with `.lora_a` (A, [rank, in]) and
+`.lora_b` (B, [out, rank]). llama.cpp adds (alpha / rank) * B A to the base matrix, rank being read from each
+tensor's shape; PEFT's own scale (alpha / r, alpha / sqrt(r) with rsLoRA, per-module rank and alpha patterns) is
+folded into B so that llama.cpp's formula gives exactly PEFT's. Where the base's Q/K rows are permuted for
+llama.cpp's rope (gguf_specs), B's rows are permuted the same way (A acts on the input side, which is not).
+
+Written here with `gguf.GGUFWriter` for the reasons gguf_file.py gives; llama.cpp's convert_lora_to_gguf.py was
+read for the facts. What llama.cpp cannot load is refused with one line before anything is written: modules
+saved whole (`modules_to_save`: a trained embedding or output layer is a full matrix, not a LoRA pair), LoRA on
+the embedding or output layer, DoRA.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import numpy as np
+
+from roctune import rundir
+from roctune.errors import ConfigError
+
+LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.default)?\.weight$")
+
+
+def check_adapter(adapter: str) -> dict:
+    """The adapter's settings when llama.cpp can load it as a LoRA GGUF; one clear ConfigError otherwise."""
+    if not rundir.has_adapter(adapter):
+        raise ConfigError(f"--adapter {adapter}: --format lora-gguf needs a LoRA run (adapter_config.json); a "
+                          "full or freeze run has no adapter - export it with --format gguf")
+    cfg = rundir.adapter_settings(adapter)
+    if str(cfg.get("peft_type", "LORA")).upper() != "LORA" or cfg.get("use_dora"):
+        raise ConfigError(f"--adapter {adapter}: --format lora-gguf writes plain LoRA adapters; this one is "
+                          f"{'DoRA' if cfg.get('use_dora') else cfg.get('peft_type')} - export with --format gguf")
+    if cfg.get("modules_to_save"):
+        raise ConfigError(f"--adapter {adapter}: it trains {', '.join(cfg['modules_to_save'])} whole "
+                          "(modules_to_save), which a llama.cpp LoRA file cannot carry - export the merged model "
+                          "with --format gguf")
+    targets = cfg.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else targets
+    if any(re.search(r"embed|lm_head|wte|output", t) for t in targets):
+        raise ConfigError(f"--adapter {adapter}: LoRA on the embedding or output layer ({', '.join(targets)}) is "
+                          "not written as a LoRA GGUF - export the merged model with --format gguf")
+    return cfg
+
+
+def scales(cfg: dict, modules: list[str]) -> dict[str, float]:
+    """PEFT's scale of each adapted module (alpha / r, or alpha / sqrt(r) with rsLoRA; patterns by suffix)."""
+    out = {}
+    for m in modules:
+        r = _pattern(cfg.get("rank_pattern") or {}, m, cfg.get("r", 8))
+        alpha = _pattern(cfg.get("alpha_pattern") or {}, m, cfg.get("lora_alpha", 8))
+        out[m] = alpha / (math.sqrt(r) if cfg.get("use_rslora") else r)
+    return out
+
+
+def _pattern(patterns: dict, module: str, default):
+    for key, value in patterns.items():
+        if re.search(rf"(^|\.){re.escape(key)}$", module) or re.fullmatch(key, module):
+            return value
+    return default
+
+
+def write_lora_gguf(adapter: str, base_dir: str, path: str, name: str, family) -> dict:
+    """Write the adapter of the run `adapter` (trained on the model in `base_dir`) to `path`."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from roctune.export.gguf_file import _permute, read_config
+
+    cfg, base = check_adapter(adapter), read_config(base_dir)
+    pairs = _pairs(load_file(os.path.join(adapter, "adapter_model.safetensors")), adapter)
+    alpha = float(cfg.get("lora_alpha", 8))
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
+    names = gguf.get_tensor_name_map(arch, base["num_hidden_layers"])
+    w = gguf.GGUFWriter(path, family.gguf_arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_name(name)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    heads = base["num_attention_heads"]
+    for module, scale in scales(cfg, sorted(pairs)).items():
+        a, b = pairs[module]
+        new = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if new is None:
+            raise ConfigError(f"{adapter}: adapted module {module} has no GGUF name for {family.gguf_arch}")
+        b = b * (scale * a.shape[0] / alpha)  # llama.cpp applies alpha / rank
+        if family.gguf_permute_qk and module.endswith(("q_proj", "k_proj")):
+            b = _permute(b, heads if module.endswith("q_proj") else base.get("num_key_value_heads") or heads)
+        w.add_tensor(new + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
+        w.add_tensor(new + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"architecture": family.gguf_arch, "family": family.name, "lora_modules": len(pairs), "alpha": alpha,
+            "bytes": os.path.getsize(path)}
+
+
+def _pairs(tensors: dict, adapter: str) -> dict[str, tuple]:
+    """{module path: (A, B)} from PEFT's adapter file."""
+    pairs: dict[str, dict] = {}
+    for key, value in tensors.items():
+        m = LORA_KEY.match(key)
+        if m is None:
+            raise ConfigError(f"{adapter}: adapter tensor {key} is not a LoRA A/B matrix; export with --format gguf")
+        pairs.setdefault(m[1], {})[m[2]] = value.astype(np.float32)
+    broken = [k for k, v in pairs.items() if set(v) != {"A", "B"}]
+    if broken or not pairs:
+        raise ConfigError(f"{adapter}: adapter_model.safetensors has no complete LoRA pairs ({broken[:1]})")
+    return {k: (v["A"], v["B"]) for k, v in pairs.items()}

@@ -1,0 +1,133 @@
+"""GGUF export of every family in roctune's table (roctune.families), checked by llama.cpp itself.
+
+Each family's tiny model (tests/family_models.py, its real config shape scaled down, sharpened so that a wrong
+Q/K permutation, norm or bias shows in the logits) is exported as q8_0 (written by roctune) and q4_k_m (llama.cpp's
+own quantizer on roctune's f16 file) with `roctune export`, whose check runs the file in llama.cpp: it loads it,
+splits the prompts into the same token ids, and its logits after each prompt are compared with the merged
+(transformers) model's. Here the largest |logit difference| relative to the spread (std) of the transformers
+logits must stay within a stated tolerance:
+- q8_0: 0.3. Measured 0.05-0.13 across the families; a Q/K permutation left out measured 0.9-1.1 and Gemma's
+  norm +1 left out 4.6, so this tolerance tells a right layout from a wrong one.
+- q4_k_m: 1.0. Measured 0.06-0.66 (hidden size 64 is below K-quants' 256-wide blocks, so llama.cpp falls back to
+  its 4/5-bit legacy types there, as it does for any such tensor); it shows llama.cpp's quantizer output of
+  roctune's file loads and runs close to the model, the layout itself being checked by q8_0.
+Generation stops at the end of a turn: llama.cpp's vocabulary in the file marks the family's end-of-turn token
+(and EOS) as end-of-generation, and ordinary text tokens not."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import family_models
+
+REL_TOLERANCE = {"q8_0": 0.3, "q4_k_m": 1.0}
+
+
+@pytest.fixture(scope="module")
+def sharp_dir(tmp_path_factory, default_model_dir):
+    def get(family: str) -> str:
+        folder = tmp_path_factory.mktemp(f"sharp-{family}")
+        return family_models.sharpen(family_models.build(family, str(folder), default_model_dir))
+
+    return get
+
+
+@pytest.mark.parametrize("family", list(family_models.CONFIGS))
+def test_family_gguf_runs_in_llama_cpp_like_the_model(family, sharp_dir, tmp_path):
+    from roctune.export import export, llamacpp
+    from roctune.families import FAMILIES
+    from roctune.models import load_tokenizer
+
+    folder = sharp_dir(family)
+    for quant in ("q8_0", "q4_k_m"):
+        report = export(folder, str(tmp_path / quant), quant=quant, name=f"tiny {family}", log=lambda s: None)
+        check = report["check"]
+        assert check["checked_by"] == "llama.cpp" and check["prompts"] == 3, check
+        assert check["max_rel_logit_diff"] <= REL_TOLERANCE[quant], (quant, check)
+        assert report["family"] == family
+    tok = load_tokenizer(folder)
+    vocab = tok.get_vocab()
+    model = llamacpp.Model(os.path.join(tmp_path, "q4_k_m", report["gguf"]))
+    try:
+        ends = [vocab[t] for t in next(f for f in FAMILIES if f.name == family).end_of_turn if t in vocab][:1] + [tok.eos_token_id]
+        assert ends[0] is not None and all(model.is_eog(t) for t in ends), ends
+        assert not any(model.is_eog(t) for t in tok("Hello world, the weather", add_special_tokens=False)["input_ids"])
+    finally:
+        model.close()
+
+
+def _lora_run(model_dir: str, out, data_dir) -> str:
+    """A LoRA run of one step, its B matrices then drawn at random so the adapter changes the logits clearly."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from conftest import run_train, write_jsonl
+    from roctune.config import TrainConfig
+
+    data = write_jsonl(data_dir / "sft.jsonl", [{"messages": [
+        {"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Roc."}]}] * 2)
+    cfg = TrainConfig(data=[data], output=str(out), model=model_dir, max_steps=1, batch_size=2, grad_accum=1,
+                      max_length=64, lora_r=4, lora_alpha=8, device="cpu", seed=1)
+    cfg.validate()
+    run_train(cfg)
+    path = os.path.join(out, "adapter_model.safetensors")
+    rng = np.random.default_rng(0)
+    save_file({k: (rng.normal(0, 0.2, v.shape).astype(v.dtype) if ".lora_B." in k else v)
+               for k, v in load_file(path).items()}, path)
+    return str(out)
+
+
+def _logits(model, ids):
+    return model.run(ids, 0)[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])  # Q/K rows permuted; fused qkv_proj
+def test_lora_gguf_on_the_base_gguf_gives_the_merged_model(family, sharp_dir, tmp_path):
+    """The adapter alone, applied by llama.cpp (llama_adapter_lora_init / llama_set_adapters_lora, as
+    `llama-server --lora` does) to an f16 GGUF of the base written by `roctune export`, gives the merged
+    model's logits within 5% of their spread; the base alone is far off (the adapter matters)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from roctune.export import export, llamacpp
+    from roctune.merge import merge
+
+    base = sharp_dir(family)
+    run = _lora_run(base, tmp_path / "run", tmp_path)
+    report = export(run, str(tmp_path / "lora"), fmt="lora-gguf", name="roc", log=lambda s: None)
+    assert report["check"]["checked_by"] == "llama.cpp" and report["check"]["max_rel_logit_diff"] <= 0.05
+    assert sorted(os.listdir(tmp_path / "lora")) == ["DEPLOY.md", "Modelfile", "roc-lora.gguf", "roctune_export.json"]
+    assert "ADAPTER ./roc-lora.gguf" in open(tmp_path / "lora" / "Modelfile").read()
+    base_gguf = export(base, str(tmp_path / "base"), quant="f16", name="base", verify=False, log=lambda s: None)
+    merge(run, str(tmp_path / "merged"), log=lambda *_: None)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    ids = tok("Who are you? I am Roc, a helpful assistant.", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()(torch.tensor([ids])).logits[0, -1].numpy()
+    path = str(tmp_path / "base" / base_gguf["gguf"])
+    for lora, low, high in ((None, 0.5, np.inf), (str(tmp_path / "lora" / "roc-lora.gguf"), 0.0, 0.05)):
+        model = llamacpp.Model(path, lora=lora)
+        try:
+            rel = np.abs(_logits(model, ids) - ref).max() / ref.std()
+        finally:
+            model.close()
+        assert low <= rel <= high, (lora, rel)
+
+
+def test_lora_gguf_refuses_modules_to_save_in_one_line(sharp_dir, tmp_path, capsys):
+    import json
+
+    from roctune.cli import main
+
+    run = _lora_run(sharp_dir("llama"), tmp_path / "run", tmp_path)
+    cfg_path = os.path.join(run, "adapter_config.json")
+    cfg = json.load(open(cfg_path))
+    json.dump({**cfg, "modules_to_save": ["embed_tokens", "lm_head"]}, open(cfg_path, "w"))
+    capsys.readouterr()
+    out = tmp_path / "lora"
+    assert main(["export", "--adapter", run, "--output", str(out), "--format", "lora-gguf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "modules_to_save" in err[0] and "--format gguf" in err[0], err
+    assert not out.exists()
