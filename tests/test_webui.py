@@ -187,9 +187,11 @@ def test_progress_and_data_preview(tmp_path):
     from roctune.errors import DataError
     from roctune.webui import error_line, preview_rows, progress_text
 
-    rows = [{"step": 1, "loss": 2.5, "tokens_per_s": 100.0, "step_time_s": 2.0},
-            {"step": 2, "loss": 2.0, "tokens_per_s": 120.0, "step_time_s": 2.0}]
-    assert progress_text(rows, 10, None) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    status = {"phase": "training", "step": 2, "total": 10, "eta_s": 16.2,
+              "metrics": {"step": 2, "loss": 2.0, "tokens_per_s": 120.0}}
+    assert progress_text(status) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    assert progress_text(dict(status, phase="done", eta_s=0)) == "done | step 2/10 | loss 2.0000 | 120 tokens/s"
+    assert progress_text({"phase": "loading"}) == "loading the model"
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
     got, _ = preview_rows(path)
     assert got == [[f"{path}:1", "[user] Hi?", "Hello."]]
@@ -374,3 +376,51 @@ def test_stop_ends_the_whole_process_group(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("the trainer's child process outlived Stop")
+
+
+# ------------------------------------------------------------------------------------------ status file
+def test_trainer_writes_its_status_through_the_run_directory(tiny_model_dir, alpaca_file, tmp_path, monkeypatch):
+    from roctune import rundir
+    from roctune.recipes import train
+    from roctune.training import session
+    from tests.test_train import tiny_cfg
+
+    phases = []
+    write = rundir.write_status
+    monkeypatch.setattr(rundir, "write_status", lambda d, p, **kw: (phases.append(p), write(d, p, **kw))[1])
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out), log=lambda s: None, progress=False)
+    assert phases[:3] == ["starting", "tokenizing", "loading"] and phases[-2:] == ["saving", "done"]
+    assert "training" in phases
+    status = rundir.read_status(str(out))
+    last = rundir.read_metrics(str(out))[-1]
+    assert (status["phase"], status["step"], status["total"]) == ("done", 3, 3)
+    assert status["metrics"]["loss"] == last["loss"] and status["pid"] == os.getpid()
+    assert rundir.run_state(str(out)) == "done"
+
+    # failed mid-run: the error is recorded; Ctrl-C: stopped; a writer killed without a word: stopped
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(session, "save_final", boom)
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "failed"), log=lambda s: None, progress=False)
+    status = rundir.read_status(str(tmp_path / "failed"))
+    assert status["phase"] == "failed" and "disk on fire" in status["error"] and status["step"] == 3
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "save_final", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "stopped"), log=lambda s: None, progress=False)
+    assert rundir.run_state(str(tmp_path / "stopped")) == "stopped"
+    rundir.write_status(str(tmp_path / "stopped"), "training", pid=2**22 + 7)  # no such process
+    dead = rundir.read_status(str(tmp_path / "stopped"))
+    assert rundir.run_state(str(tmp_path / "stopped"), dict(dead, pid=2**22 + 7)) == "stopped"
+
+    # a run that fails before it wrote anything leaves no folder behind
+    monkeypatch.setattr(session, "build_trainable", boom)
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "early"), log=lambda s: None, progress=False)
+    assert not (tmp_path / "early").exists()

@@ -4,28 +4,12 @@ its output."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-
-# a line of a phase: a count with an ETA (roctune.progress: tokenizing, reference, step, evaluating batch, ...),
-# the DPO reference scoring's first line, or saving the final model
-_PHASE = re.compile(r"\S.* \d+/\d+ .*eta \d+:\d\d|dpo: scoring .*|saving .*")
-
-
-def phase(log_text: str) -> str | None:
-    """The current phase of a `roctune train` run: its log's latest phase line, such as
-    `tokenizing training data 1200/5000  eta 0:41` or `step 12/200  loss 1.2345 ... eta 3:10`; None before one."""
-    for line in reversed(log_text.splitlines()):
-        line = line.strip()
-        if _PHASE.fullmatch(line):
-            return line
-    return None
 
 
 def cli_error(log_text: str, rc: int) -> str:

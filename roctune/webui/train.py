@@ -1,14 +1,15 @@
 """The Train panel: the settings form (generated, see train_form), the memory estimate, Start and Stop, and a
-live view of the run (progress line, loss curve, log) read from the run directory while the job trains."""
+live view of the run read from the run directory while the job trains: the progress line from its status.json
+(which the trainer keeps, rundir.write_status), the loss curve from metrics.jsonl, and the log."""
 from __future__ import annotations
 
 import os
 import time
 from types import SimpleNamespace
 
-from roctune.rundir import read_metrics, total_steps
+from roctune.rundir import read_metrics, read_status
 from roctune.webui.html import box, error_line, esc, gib, guard
-from roctune.webui.jobs import TrainJob, cli_error, phase
+from roctune.webui.jobs import TrainJob, cli_error
 from roctune.webui.train_form import ESTIMATE_FIELDS, FORM_GROUPS, OPEN_GROUPS, component, fill_config, \
     form_config, form_specs
 
@@ -47,26 +48,42 @@ def memory_html(cfg) -> str:
             f'<details><summary>breakdown</summary><table class="rt-table">{rows}</table></details>')
 
 
-def progress_text(metrics: list[dict], total: int | None, job: TrainJob | None) -> str:
-    if not metrics:
+PHASE_TEXT = {"starting": "starting", "tokenizing": "tokenizing the data", "loading": "loading the model",
+              "training": "training", "evaluating": "evaluating", "saving": "saving the final model",
+              "done": "done", "failed": "failed", "stopped": "stopped"}
+
+
+def progress_text(status: dict | None, job: TrainJob | None = None) -> str:
+    """The run's status.json (rundir.read_status) as one line: `step 5/8 | loss 1.2345 | 120 tokens/s | ETA 0:16`
+    while it trains, its phase before and after."""
+    if not status:
         return "starting: loading the model and tokenizing the data..." if job and job.running else ""
-    last = metrics[-1]
-    step = last["step"]
-    parts = [f"step {step}/{total or '?'}", f"loss {last['loss']:.4f}"]
-    if "eval_loss" in last:
-        parts.append(f"eval loss {last['eval_loss']:.4f}")
-    parts.append(f"{last.get('tokens_per_s', 0):,.0f} tokens/s")
-    if total and step < total:
-        recent = [m.get("step_time_s", 0) for m in metrics[-10:]]
-        eta = sum(recent) / len(recent) * (total - step)
+    phase, m = status["phase"], status.get("metrics") or {}
+    parts = [] if phase == "training" else [PHASE_TEXT[phase]]
+    if status.get("total"):
+        parts.append(f"step {status.get('step', 0)}/{status['total']}")
+    for key, label in (("loss", "loss"), ("eval_loss", "eval loss")):
+        if isinstance(m.get(key), (int, float)):
+            parts.append(f"{label} {m[key]:.4f}")
+    if "tokens_per_s" in m:
+        parts.append(f"{m['tokens_per_s']:,.0f} tokens/s")
+    eta = status.get("eta_s")
+    if phase in ("training", "evaluating") and isinstance(eta, (int, float)) and eta > 0:
         parts.append(f"ETA {int(eta // 60)}:{int(eta % 60):02d}")
     return " | ".join(parts)
 
 
-def running_status(job: TrainJob, log_text: str) -> str:
-    """What a running job is doing, from its log (`running: tokenizing training data 1200/5000  eta 0:41`), and
-    the command it runs."""
-    doing = "stopping..." if job.stopped else f"running: {phase(log_text) or 'starting'}"
+def live_dir(output: str) -> str:
+    """Where a run being written lives: the staging folder of an --overwrite (rundir.claim) until it is swapped in."""
+    from roctune.rundir import staging_path
+
+    staging = staging_path(output)
+    return staging if os.path.isdir(staging) else output
+
+
+def running_status(job: TrainJob, status: dict | None) -> str:
+    """What a running job is doing, from its status.json, and the command it runs."""
+    doing = "stopping..." if job.stopped else f"running: {PHASE_TEXT[status['phase']] if status else 'starting'}"
     return f"{doing}\nstarted: {job.command}"
 
 
@@ -154,11 +171,12 @@ def tick_handler(gr, state, n_followers: int):
         keep = gr.update()
         if job is None:
             return (keep,) * (5 + n_followers) + (gr.Timer(active=False),)
-        metrics = read_metrics(job.output)
-        prog = progress_text(metrics, total_steps(job.output), job)
+        folder = live_dir(job.output)
+        metrics, run_status = read_metrics(folder), read_status(folder)
+        prog = progress_text(run_status, job)
         log, frame = job.log_text(), loss_frame(metrics)
         if job.running:
-            status = box(running_status(job, log), "info")
+            status = box(running_status(job, run_status), "info")
             return (status, prog, frame, log, keep) + (keep,) * n_followers + (gr.Timer(active=True),)
         rc = job.proc.returncode
         if rc == 0:
