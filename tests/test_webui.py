@@ -424,3 +424,49 @@ def test_trainer_writes_its_status_through_the_run_directory(tiny_model_dir, alp
     with pytest.raises(RuntimeError):
         train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "early"), log=lambda s: None, progress=False)
     assert not (tmp_path / "early").exists()
+
+
+# ------------------------------------------------------------------------------------------ starting
+def _get(url: str) -> int:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the test itself goes direct
+    with opener.open(url, timeout=10) as r:
+        return r.status
+
+
+def test_webui_starts_behind_a_proxy_on_a_busy_machine(tmp_path):
+    """http_proxy set without no_proxy, a CPU-bound process beside it: the page serves; a second start on the
+    same port is one line, no traceback."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        env[name] = env[name.upper()] = "http://127.0.0.1:9"  # the discard port: nothing answers there
+    port = _free_port()
+    argv = [sys.executable, "-m", "roctune", "webui", "--port", str(port), "--root", str(tmp_path)]
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, status = time.time() + 180, None
+        while status is None and server.poll() is None and time.time() < deadline:
+            try:
+                status = _get(f"http://127.0.0.1:{port}/")
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, server.communicate(timeout=30)[0] if server.poll() is not None else "no answer"
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+        assert second.returncode != 0 and "Traceback" not in second.stderr + second.stdout
+        assert second.stderr.strip().splitlines()[-1] == (f"roctune webui: error: --port {port}: in use; "
+                                                          "choose another --port"), second.stderr
+        assert server.poll() is None  # the first one still serves
+    finally:
+        burner.kill()
+        server.send_signal(2)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        burner.wait()

@@ -49,18 +49,41 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
 def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", block: bool = True,
            root: str | None = None, auth: tuple[str, str] | None = None, trust_remote_code: bool = False):
     """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
-    Returns the app."""
-    from roctune.webui.server import check_host
+    A proxy in the environment or a busy machine does not stop it (see roctune.webui.server); what does is one
+    line (EnvironmentProblem). Returns the app."""
+    from roctune.webui.server import bypass_proxy, check_host, launch_options
 
     check_host(host, auth)
+    bypass_proxy(host)
     app = build_app(run_root, root, trust_remote_code)
-    extra = getattr(app, "_roctune_launch", {})
+    extra = dict(getattr(app, "_roctune_launch", {}), **launch_options(app.launch))
     try:
-        app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=not block,
-                   show_error=False, ssr_mode=False, quiet=not block, auth=auth, **extra)
+        _serve(app, host, port, auth, block, extra)
+        if block:
+            app.block_thread()
+    except BaseException:
+        app.close()
+        raise
     finally:
         job = app._roctune_state.get("job")
         if block and job is not None and job.running:  # the server is going away: so does its training run
             logging.getLogger(__name__).warning("stopping the training run in %s", job.output)
             job.stop()
+    if block:
+        app.close()
     return app
+
+
+def _serve(app, host: str, port: int, auth, block: bool, extra: dict) -> None:
+    """Gradio's launch without its thread lock, then the patient check that the page answers."""
+    from roctune.webui.server import wait_until_serving
+
+    try:
+        app.launch(server_name=host, server_port=port, share=False, prevent_thread_lock=True,
+                   show_error=False, ssr_mode=False, quiet=not block, auth=auth, **extra)
+    except OSError as e:
+        why = "in use" if "empty port" in str(e) else str(e)
+        raise EnvironmentProblem(f"--port {port}: {why}; choose another --port") from None
+    except Exception as e:  # noqa: BLE001 - Gradio's own failures to start: one line, not its traceback
+        raise EnvironmentProblem(f"the page could not start on {host}:{port}: {e}") from None
+    wait_until_serving(host, port)
