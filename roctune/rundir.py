@@ -608,6 +608,30 @@ def run_state(run_dir: str, status: dict | None = None) -> str:
     return "running"  # written on another machine (a shared disk): trust it
 
 
+def summary(run_dir: str) -> dict:
+    """A run at a glance: state (run_state), step, total, last loss, last eval loss, method, base model and when
+    it last changed (seconds since the epoch). Missing pieces are None."""
+    status = read_status(run_dir)
+    try:
+        doc = read_run(run_dir)
+    except RoctuneError:
+        doc = {"config": {}}
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if _number(r.get("eval_loss"))]
+    last = rows[-1] if rows else {}
+    step = (status or {}).get("step", last.get("step"))
+    updated = (status or {}).get("updated")
+    if updated is None:
+        with suppress(OSError):
+            updated = os.path.getmtime(os.path.join(run_dir, RUN_FILE))
+    return {"state": run_state(run_dir, status), "step": step,
+            "total": (status or {}).get("total") or total_steps(run_dir),
+            "loss": last.get("loss") if _number(last.get("loss")) else None,
+            "eval_loss": evals[-1]["eval_loss"] if evals else None,
+            "method": doc["config"].get("method") or ("lora" if has_adapter(run_dir) else None),
+            "stage": doc["config"].get("stage"), "base_model": doc.get("base_model"), "updated": updated}
+
+
 # ----------------------------------------------------------------------------------------- checkpoints
 def checkpoint_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, f"{CHECKPOINT_PREFIX}{step}")
