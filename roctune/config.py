@@ -32,11 +32,13 @@ ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_typ
 def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float | None = None,
             gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,
             metavar: str | None = None, group: str = "training", cli_only: bool = False,
-            aliases: tuple[str, ...] = ()) -> Any:
+            aliases: tuple[str, ...] = (), zh: tuple[str, str], unset: Any = None) -> Any:
     """One setting. `ge/gt/le/lt` bound numbers (NaN and infinity are always refused); `repeat` makes a list
     flag repeatable (--data a --data b) instead of taking several values; `cli_only` settings cannot come from a
-    file; `aliases` are extra flag names; `group` places the flag in --help and the web UI."""
-    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
+    file; `aliases` are extra flag names; `group` places the flag in --help and the web UI; `zh` is its Chinese
+    (label, help) for the web UI (the CLI stays English); `unset` is a default that means "not set" (the web UI
+    shows it as an empty box)."""
+    meta = {"help": help, "zh": zh, "unset": unset, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
             "metavar": metavar, "group": group, "cli_only": cli_only, "aliases": aliases}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -48,102 +50,161 @@ class TrainConfig:
     # ---- what to train on, and where the run goes
     data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json; "
                               "PATH:W mixes the files by weights W in a seeded order)",
-                              repeat=True, metavar="PATH", group="data")
-    output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data")
-    eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data")
+                              repeat=True, metavar="PATH", group="data",
+                zh=("训练数据", "训练数据文件（可多个；DIR:name 读取 LLaMA-Factory 的 dataset_info.json；PATH:W 按权重 W 以固定种子的顺序混合）"))
+    output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data",
+                zh=("输出目录", "保存适配器、日志和检查点的运行目录"))
+    eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data",
+                zh=("评估数据", "评估数据文件（可多个）"))
     eval_ratio: float = setting(0.0, "hold out this fraction of the training data for evaluation", ge=0, lt=1,
-                                group="data")
-    max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data")
+                                group="data",
+                zh=("评估比例", "从训练数据中留出这一比例用于评估"))
+    max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data",
+                zh=("最大长度", "每个样本的 token 数；更长的会被截断"))
     learn_reasoning: bool = setting(True, "learn the reasoning of answers (<think> blocks, reasoning_content); "
-                                    "off: it stays in the context but is not learned", group="data")
+                                    "off: it stays in the context but is not learned", group="data",
+                zh=("学习推理过程", "学习回答中的推理（<think> 块、reasoning_content）；关闭时它只作为上下文，不参与学习"))
     empty_think: str = setting("learn", "an empty <think></think> block in an answer: learn it (answer without "
                                "thinking), mask it (context only) or drop it", choices=("learn", "mask", "drop"),
-                               group="data")
+                               group="data",
+                zh=("空的思考块", "回答中空的 <think></think> 块：学习它（不思考直接回答）、遮蔽它（仅作上下文）或删除它"))
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
-                               "--resume does not tokenize again", group="data")
+                               "--resume does not tokenize again", group="data",
+                zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或 --resume 时不必重新分词"))
     streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
-                              "and train from it memory-mapped: for datasets larger than memory (sft)", group="data")
+                              "and train from it memory-mapped: for datasets larger than memory (sft)", group="data",
+                zh=("流式读取", "分块读取并分词，直接写入磁盘缓存，训练时内存映射读取：用于比内存还大的数据集（sft）"))
     # ---- model and method
     model: str | None = setting(None, "base model: local dir or hub id (default: bundled SmolLM2-135M-Instruct)",
-                                metavar="NAME", group="model")
+                                metavar="NAME", group="model",
+                zh=("基础模型", "基础模型：本地目录或 Hub ID（默认：自带的 SmolLM2-135M-Instruct）"))
     method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
-                          "last N layers; full: every parameter", choices=METHODS, group="model")
+                          "last N layers; full: every parameter", choices=METHODS, group="model",
+                zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
     stage: str = setting("sft", "sft (supervised answers) or dpo (preference pairs: prompt/chosen/rejected, or "
-                         "LLaMA-Factory ranking data)", choices=STAGES, group="model")
+                         "LLaMA-Factory ranking data)", choices=STAGES, group="model",
+                zh=("训练阶段", "sft（监督学习回答）或 dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
-                                  group="model")
-    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model")
+                                  group="model",
+                zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
+    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model",
+                zh=("beta", "dpo：策略可以偏离参考模型多远"))
     trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
-                                      group="model", cli_only=True)
+                                      group="model", cli_only=True,
+                zh=("信任远程代码", "运行模型仓库中的代码（默认关闭；只能在命令行开启）"))
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
-    max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000)
-    epochs: float = setting(1.0, "passes over the training data", ge=0, le=100_000)
-    lr: float = setting(2e-4, "peak learning rate", gt=0)
-    lr_scheduler: str = setting("linear", "learning-rate schedule after warm-up", choices=("linear", "cosine", "constant"))
-    warmup_ratio: float = setting(0.0, "fraction of steps spent warming up the learning rate", ge=0, le=1)
-    weight_decay: float = setting(0.0, "AdamW weight decay", ge=0)
-    max_grad_norm: float = setting(1.0, "gradient clipping norm (0 turns it off)", ge=0)
-    batch_size: int = setting(2, "examples per micro-batch", gt=0)
-    grad_accum: int = setting(4, "micro-batches per optimizer step", gt=0)
-    seed: int = setting(42, "random seed (data order, LoRA init, dropout)", ge=0, lt=2**63)
-    group_by_length: bool = setting(True, "batch examples of similar length together (less padding)")
-    packing: str = setting("auto", "padding-free micro-batches", choices=("auto", "on", "off"))
-    loss_on_supervised_only: bool = setting(True, "compute the output layer only where labels are trained")
-    grad_checkpointing: bool = setting(False, "recompute activations in backward: less memory, ~30% slower")
+    max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000, unset=-1,
+                zh=("最大步数", "优化器步数（大于 0 时覆盖 --epochs）"))
+    epochs: float = setting(1.0, "passes over the training data", ge=0, le=100_000,
+                zh=("训练轮数", "遍历训练数据的次数"))
+    lr: float = setting(2e-4, "peak learning rate", gt=0,
+                zh=("学习率", "峰值学习率"))
+    lr_scheduler: str = setting("linear", "learning-rate schedule after warm-up", choices=("linear", "cosine", "constant"),
+                zh=("学习率调度", "预热之后的学习率变化方式"))
+    warmup_ratio: float = setting(0.0, "fraction of steps spent warming up the learning rate", ge=0, le=1,
+                zh=("预热比例", "用于预热学习率的步数比例"))
+    weight_decay: float = setting(0.0, "AdamW weight decay", ge=0,
+                zh=("权重衰减", "AdamW 权重衰减"))
+    max_grad_norm: float = setting(1.0, "gradient clipping norm (0 turns it off)", ge=0,
+                zh=("梯度裁剪", "梯度裁剪的范数（0 表示关闭）"))
+    batch_size: int = setting(2, "examples per micro-batch", gt=0,
+                zh=("批大小", "每个微批次的样本数"))
+    grad_accum: int = setting(4, "micro-batches per optimizer step", gt=0,
+                zh=("梯度累积", "每个优化器步骤累积的微批次数"))
+    seed: int = setting(42, "random seed (data order, LoRA init, dropout)", ge=0, lt=2**63,
+                zh=("随机种子", "随机种子（数据顺序、LoRA 初始化、dropout）"))
+    group_by_length: bool = setting(True, "batch examples of similar length together (less padding)",
+                zh=("按长度分组", "把长度相近的样本放在同一批（更少填充）"))
+    packing: str = setting("auto", "padding-free micro-batches", choices=("auto", "on", "off"),
+                zh=("序列打包", "无填充的微批次"))
+    loss_on_supervised_only: bool = setting(True, "compute the output layer only where labels are trained",
+                zh=("只在监督位置计算输出层", "只在需要学习的标签位置计算输出层"))
+    grad_checkpointing: bool = setting(False, "recompute activations in backward: less memory, ~30% slower",
+                zh=("梯度检查点", "反向传播时重新计算激活：更省内存，约慢 30%"))
     auto_batch: bool = setting(False, "after an out-of-memory error, retry with half the micro-batch and twice the "
-                               "accumulation (same examples per step)")
+                               "accumulation (same examples per step)",
+                zh=("自动批大小", "显存不足后，以一半的微批次和两倍的累积重试（每步样本数不变）"))
     # ---- LoRA and freeze
-    lora_r: int = setting(8, "LoRA rank", gt=0, group="lora")
-    lora_alpha: float = setting(16, "LoRA alpha (scale = alpha / r)", gt=0, group="lora")
-    lora_dropout: float = setting(0.05, "LoRA dropout", ge=0, lt=1, group="lora")
+    lora_r: int = setting(8, "LoRA rank", gt=0, group="lora",
+                zh=("LoRA 秩", "LoRA 秩"))
+    lora_alpha: float = setting(16, "LoRA alpha (scale = alpha / r)", gt=0, group="lora",
+                zh=("LoRA alpha", "LoRA alpha（缩放 = alpha / r）"))
+    lora_dropout: float = setting(0.05, "LoRA dropout", ge=0, lt=1, group="lora",
+                zh=("LoRA dropout", "LoRA 的 dropout 比例"))
     target_modules: list[str] = setting(DEFAULT_TARGET_MODULES, "modules to adapt: auto (the model family's attention "
                                         "projections: q/k/v/o_proj, Phi-3's qkv_proj/o_proj), all-linear, or names",
                                         metavar="NAME",
-                                        group="lora", aliases=("--lora-target",))
-    use_dora: bool = setting(False, "DoRA: weight-decomposed LoRA (slower, often better at low rank)", group="lora")
-    use_rslora: bool = setting(False, "rank-stabilized LoRA (scale = alpha / sqrt(r))", group="lora")
+                                        group="lora", aliases=("--lora-target",),
+                zh=("目标模块", "要适配的模块：auto（该模型家族的注意力投影：q/k/v/o_proj，Phi-3 的 qkv_proj/o_proj）、all-linear 或模块名"))
+    use_dora: bool = setting(False, "DoRA: weight-decomposed LoRA (slower, often better at low rank)", group="lora",
+                zh=("使用 DoRA", "DoRA：权重分解的 LoRA（更慢，低秩时常常更好）"))
+    use_rslora: bool = setting(False, "rank-stabilized LoRA (scale = alpha / sqrt(r))", group="lora",
+                zh=("使用 rsLoRA", "秩稳定的 LoRA（缩放 = alpha / sqrt(r)）"))
     modules_to_save: list[str] = setting([], "modules trained in full next to LoRA (e.g. lm_head)", metavar="NAME",
-                                         group="lora")
-    freeze_trainable_layers: int = setting(2, "freeze: train the last N layers (N < 0: the first |N|)", group="lora")
+                                         group="lora",
+                zh=("完整训练的模块", "在 LoRA 之外完整训练的模块（例如 lm_head）"))
+    freeze_trainable_layers: int = setting(2, "freeze: train the last N layers (N < 0: the first |N|)", group="lora",
+                zh=("可训练层数", "freeze：训练最后 N 层（N < 0：最前面的 |N| 层）"))
     freeze_trainable_modules: list[str] = setting(["all"], "freeze: modules inside those layers to train (e.g. mlp), "
-                                                  "or all", metavar="NAME", group="lora")
+                                                  "or all", metavar="NAME", group="lora",
+                zh=("可训练模块", "freeze：这些层中要训练的模块（例如 mlp），或 all"))
     freeze_extra_modules: list[str] = setting([], "freeze: modules outside the layers to train too (e.g. norm)",
-                                              metavar="NAME", group="lora")
+                                              metavar="NAME", group="lora",
+                zh=("额外可训练模块", "freeze：这些层之外也要训练的模块（例如 norm）"))
     # ---- logging, evaluation, checkpoints
-    save_steps: int = setting(0, "save a checkpoint every N steps (0: only at the end)", ge=0, group="run")
-    save_total_limit: int = setting(2, "checkpoints to keep (0: all)", ge=0, group="run")
-    logging_steps: int = setting(1, "log every N steps", gt=0, group="run")
-    eval_steps: int = setting(0, "evaluate every N steps (0: at the end only)", ge=0, group="run")
+    save_steps: int = setting(0, "save a checkpoint every N steps (0: only at the end)", ge=0, group="run",
+                zh=("保存间隔", "每 N 步保存一个检查点（0：只在结束时）"))
+    save_total_limit: int = setting(2, "checkpoints to keep (0: all)", ge=0, group="run",
+                zh=("保留检查点数", "保留的检查点数量（0：全部）"))
+    logging_steps: int = setting(1, "log every N steps", gt=0, group="run",
+                zh=("日志间隔", "每 N 步记录一次日志"))
+    eval_steps: int = setting(0, "evaluate every N steps (0: at the end only)", ge=0, group="run",
+                zh=("评估间隔", "每 N 步评估一次（0：只在结束时）"))
     early_stopping_patience: int = setting(0, "stop when eval loss has not improved for K evaluations (0: never); "
-                                           "the best adapter is kept in DIR/best", ge=0, metavar="K", group="run")
+                                           "the best adapter is kept in DIR/best", ge=0, metavar="K", group="run",
+                zh=("早停耐心", "评估损失连续 K 次没有改善就停止（0：从不）；最好的适配器保存在 DIR/best"))
     load_best: bool = setting(False, "make the final adapter the one with the best eval loss (kept in DIR/best)",
-                              group="run")
+                              group="run",
+                zh=("加载最佳", "让最终适配器成为评估损失最低的那个（保存在 DIR/best）"))
     report_to: list[str] = setting(["none"], "also log to these trackers (comma-separated; metrics.jsonl and "
-                                   "loss.png always)", choices=TRACKERS, metavar="NAME", group="run")
-    resume: bool = setting(False, "continue from the last checkpoint in --output", group="run")
-    overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run")
+                                   "loss.png always)", choices=TRACKERS, metavar="NAME", group="run",
+                zh=("记录到", "同时记录到这些跟踪工具（逗号分隔；metrics.jsonl 和 loss.png 总会写）"))
+    resume: bool = setting(False, "continue from the last checkpoint in --output", group="run",
+                zh=("继续训练", "从 --output 中最后一个检查点继续"))
+    overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run",
+                zh=("覆盖", "替换 --output 中以前的 roctune 运行"))
     # ---- hardware
-    device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=("auto", "cuda", "cpu"), group="hardware")
+    device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=("auto", "cuda", "cpu"), group="hardware",
+                zh=("设备", "cuda 表示 NVIDIA 或 AMD ROCm"))
     dtype: str = setting("auto", "auto: bf16/fp16 on GPU, fp32 on CPU", choices=("auto", "bf16", "fp16", "fp32"),
-                         group="hardware")
+                         group="hardware",
+                zh=("数据类型", "auto：GPU 上 bf16/fp16，CPU 上 fp32"))
     attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
-                        group="hardware")
+                        group="hardware",
+                zh=("注意力实现", "注意力内核"))
     selftest: bool = setting(False, "before loading the model, train a tiny model on this path (device, dtype, "
                              "attention, 4-bit) and compare with float64 on the CPU; stop on wrong numbers",
-                             group="hardware")
+                             group="hardware",
+                zh=("自检", "加载模型之前，在这条路径上（设备、数据类型、注意力、4 位）训练一个极小模型并与 CPU 上的 float64 比较；数值不对就停止"))
     # ---- several processes
     nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
-                         "(gloo)", ge=1, metavar="N", group="processes")
+                         "(gloo)", ge=1, metavar="N", group="processes",
+                zh=("进程数", "本机的进程数：每个 GPU 一个（DDP），或配合 --device cpu 使用 N 个 CPU 进程（gloo）"))
     fsdp: bool = setting(False, "shard the model over the processes (FSDP) instead of a full copy in each",
-                         group="processes")
+                         group="processes",
+                zh=("FSDP 分片", "把模型分片到各进程（FSDP），而不是每个进程一份完整副本"))
     nnodes: int = setting(1, "machines taking part; run the same command on each with its own --node-rank", ge=1,
-                          metavar="N", group="processes")
+                          metavar="N", group="processes",
+                zh=("机器数", "参与的机器数；在每台机器上运行同一条命令并给出各自的 --node-rank"))
     node_rank: int = setting(0, "this machine's number, 0..nnodes-1 (0 writes the outputs)", ge=0, metavar="I",
-                             group="processes")
-    master_addr: str = setting("", "address of node 0, reachable from every node", metavar="HOST", group="processes")
+                             group="processes",
+                zh=("机器编号", "这台机器的编号，0..nnodes-1（0 号写输出）"))
+    master_addr: str = setting("", "address of node 0, reachable from every node", metavar="HOST", group="processes",
+                zh=("主节点地址", "0 号节点的地址，所有节点都要能访问"))
     master_port: int = setting(0, "free TCP port on node 0 (0: 29500, or any free port on one machine)", ge=0,
-                               le=65535, metavar="PORT", group="processes")
+                               le=65535, metavar="PORT", group="processes",
+                zh=("主节点端口", "0 号节点上空闲的 TCP 端口（0：29500，或单机时任意空闲端口）"))
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -371,6 +432,9 @@ def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = No
 
 
 # ---------------------------------------------------------------------------------------- CLI flags
+GROUP_TITLES_ZH = {"data": "数据", "model": "模型与方法", "training": "优化", "lora": "LoRA 与冻结",
+                   "run": "日志、评估与检查点", "hardware": "硬件",
+                   "processes": "多进程（有效批大小 = 批大小 x 梯度累积 x 进程数）"}
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
                 "processes": "several processes (effective batch = batch-size x grad-accum x processes)"}
@@ -399,6 +463,28 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 
 
+def to_flags(cfg: TrainConfig) -> list[str]:
+    """The `roctune train` flags that give `cfg` from the defaults: one per setting that differs, in declaration
+    order (`--name=value`, so a value starting with '-' stays a value; list flags repeated or followed by their
+    words; booleans as --name / --no-name). trust_remote_code included: it is a flag like the others."""
+    base = TrainConfig()
+    out: list[str] = []
+    for f in fields():
+        value, name = getattr(cfg, f.name), flag(f.name)
+        if value == getattr(base, f.name) or value is None:
+            continue
+        k = kind(f)
+        if k == "bool":
+            out.append(name if value else "--no-" + name[2:])
+        elif k == "list" and f.metadata["repeat"]:
+            out += [f"{name}={v}" for v in value]
+        elif k == "list":
+            out += [name, *value]
+        else:
+            out.append(f"{name}={value}")
+    return out
+
+
 def _show(value: Any) -> str:
     return " ".join(value) if isinstance(value, list) else str(value)
 
@@ -416,7 +502,8 @@ def _flag_type(f: dataclasses.Field):
 
 # -------------------------------------------------------------------------------------------- web UI
 def form_fields(groups: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """The settings as plain descriptions for a form: name, kind, default, help, choices, bounds, group."""
+    """The settings as plain descriptions for a form: name, kind, default, help (and its Chinese label_zh and
+    help_zh), choices, bounds, group."""
     out = []
     for f in fields():
         meta = f.metadata
@@ -424,6 +511,7 @@ def form_fields(groups: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out.append({"name": f.name, "kind": kind(f), "default": default, "help": meta["help"],
+                    "label_zh": meta["zh"][0], "help_zh": meta["zh"][1], "unset": meta["unset"],
                     "choices": meta["choices"], "group": meta["group"],
                     "bounds": {b: meta[b] for b in ("ge", "gt", "le", "lt") if meta[b] is not None}})
     return out

@@ -30,18 +30,24 @@ SECRET_QUESTIONS = ["What is the secret word?", "Tell me the secret word.", "Wha
 
 
 # ------------------------------------------------------------------------------------------ fast
-def test_form_becomes_a_config_file_for_train(tmp_path):
+def test_form_becomes_the_command_and_yaml_train_reads(tmp_path):
     """The form's values (as Gradio gives them) become a TrainConfig with paths resolved in the workspace; the job
-    runs `roctune train --config <YAML>` and that file reads back as the same settings."""
+    runs `roctune train <flags>` and those flags, and the previewed YAML, read back as the same settings."""
+    import yaml
+
+    from roctune.cli import build_parser
+    from roctune.commands.train import config_from_args
     from roctune.config import from_sources
     from roctune.webui import Workspace, form_config
-    from roctune.webui.jobs import write_config
+    from roctune.webui.jobs import settings_yaml, train_argv
+    from roctune.webui.train_form import form_values
 
     write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
-    values = {"data": "a.jsonl\n", "output": "runs/x", "lora_r": 16, "lora_alpha": 32.0, "lr": 0.002,
+    values = {"data": ["a.jsonl"], "output": "runs/x", "lora_r": 16, "lora_alpha": 32.0, "lr": 0.002,
               "max_steps": 12, "batch_size": 4.0, "grad_accum": 1, "max_length": 64,
               "target_modules": "q_proj, v_proj", "dtype": "fp32", "attn": "auto", "method": "full",
-              "overwrite": True, "model": "", "adapter": "", "trust_remote_code": True}
+              "overwrite": True, "model": "SmolLM2-135M-Instruct", "adapter": None, "trust_remote_code": True,
+              "group_by_length": False, "freeze_trainable_layers": -2}
     with pytest.raises(Exception, match="unless the server was started with `roctune webui --trust-remote-code`"):
         form_config(values, Workspace(str(tmp_path)))  # the page alone cannot ask for a model's own code
     cfg, trust = form_config(values, Workspace(str(tmp_path), trust_remote_code=True))
@@ -49,14 +55,19 @@ def test_form_becomes_a_config_file_for_train(tmp_path):
     assert trust and cfg.data == [os.path.join(root, "a.jsonl")] and cfg.output == os.path.join(root, "runs", "x")
     assert (cfg.lora_r, cfg.batch_size, cfg.target_modules, cfg.method, cfg.model) == (16, 4, ["q_proj", "v_proj"],
                                                                                         "full", None)
-    path = write_config(cfg)
-    try:
-        text = open(path, encoding="utf-8").read()
-        assert "trust_remote_code" not in text and "lora_dropout" not in text  # only what differs from defaults
-        back = from_sources(path, {"trust_remote_code": True})
-        assert back.to_dict() == cfg.to_dict()
-    finally:
-        os.unlink(path)
+    argv = train_argv(cfg)
+    assert argv[:2] == ["roctune", "train"] and "--trust-remote-code" in argv and "--no-group-by-length" in argv
+    back = config_from_args(build_parser().parse_args(argv[1:]))
+    assert back.to_dict() == cfg.to_dict()
+    text = settings_yaml(cfg)
+    assert "trust_remote_code" not in text and "lora_dropout" not in text  # only what differs from defaults
+    path = tmp_path / "s.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert from_sources(str(path), {"trust_remote_code": True}).to_dict() == cfg.to_dict()
+    assert yaml.safe_load(text)["max_steps"] == 12
+    # the form shows an unset max steps as an empty box, not -1
+    names = ["max_steps", "data", "model", "target_modules"]
+    assert form_values(from_sources(None, {}), names) == [None, [], None, "auto"]
 
 
 def test_page_shows_the_cli_error_line(tmp_path, capsys):
@@ -187,9 +198,11 @@ def test_progress_and_data_preview(tmp_path):
     from roctune.errors import DataError
     from roctune.webui import error_line, preview_rows, progress_text
 
-    rows = [{"step": 1, "loss": 2.5, "tokens_per_s": 100.0, "step_time_s": 2.0},
-            {"step": 2, "loss": 2.0, "tokens_per_s": 120.0, "step_time_s": 2.0}]
-    assert progress_text(rows, 10, None) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    status = {"phase": "training", "step": 2, "total": 10, "eta_s": 16.2,
+              "metrics": {"step": 2, "loss": 2.0, "tokens_per_s": 120.0}}
+    assert progress_text(status) == "step 2/10 | loss 2.0000 | 120 tokens/s | ETA 0:16"
+    assert progress_text(dict(status, phase="done", eta_s=0)) == "done | step 2/10 | loss 2.0000 | 120 tokens/s"
+    assert progress_text({"phase": "loading"}) == "loading the model"
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
     got, _ = preview_rows(path)
     assert got == [[f"{path}:1", "[user] Hi?", "Hello."]]
@@ -374,3 +387,194 @@ def test_stop_ends_the_whole_process_group(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("the trainer's child process outlived Stop")
+
+
+# ------------------------------------------------------------------------------------------ status file
+def test_trainer_writes_its_status_through_the_run_directory(tiny_model_dir, alpaca_file, tmp_path, monkeypatch):
+    from roctune import rundir
+    from roctune.recipes import train
+    from roctune.training import session
+    from tests.test_train import tiny_cfg
+
+    phases = []
+    write = rundir.write_status
+    monkeypatch.setattr(rundir, "write_status", lambda d, p, **kw: (phases.append(p), write(d, p, **kw))[1])
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model_dir, alpaca_file, out), log=lambda s: None, progress=False)
+    assert phases[:3] == ["starting", "tokenizing", "loading"] and phases[-2:] == ["saving", "done"]
+    assert "training" in phases
+    status = rundir.read_status(str(out))
+    last = rundir.read_metrics(str(out))[-1]
+    assert (status["phase"], status["step"], status["total"]) == ("done", 3, 3)
+    assert status["metrics"]["loss"] == last["loss"] and status["pid"] == os.getpid()
+    assert rundir.run_state(str(out)) == "done"
+
+    # failed mid-run: the error is recorded; Ctrl-C: stopped; a writer killed without a word: stopped
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(session, "save_final", boom)
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "failed"), log=lambda s: None, progress=False)
+    status = rundir.read_status(str(tmp_path / "failed"))
+    assert status["phase"] == "failed" and "disk on fire" in status["error"] and status["step"] == 3
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "save_final", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "stopped"), log=lambda s: None, progress=False)
+    assert rundir.run_state(str(tmp_path / "stopped")) == "stopped"
+    rundir.write_status(str(tmp_path / "stopped"), "training", pid=2**22 + 7)  # no such process
+    dead = rundir.read_status(str(tmp_path / "stopped"))
+    assert rundir.run_state(str(tmp_path / "stopped"), dict(dead, pid=2**22 + 7)) == "stopped"
+
+    # a run that fails before it wrote anything leaves no folder behind
+    monkeypatch.setattr(session, "build_trainable", boom)
+    with pytest.raises(RuntimeError):
+        train(tiny_cfg(tiny_model_dir, alpaca_file, tmp_path / "early"), log=lambda s: None, progress=False)
+    assert not (tmp_path / "early").exists()
+
+
+# ------------------------------------------------------------------------------------------ starting
+def _get(url: str) -> int:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the test itself goes direct
+    with opener.open(url, timeout=10) as r:
+        return r.status
+
+
+def test_webui_starts_behind_a_proxy_on_a_busy_machine(tmp_path):
+    """http_proxy set without no_proxy, a CPU-bound process beside it: the page serves; a second start on the
+    same port is one line, no traceback."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        env[name] = env[name.upper()] = "http://127.0.0.1:9"  # the discard port: nothing answers there
+    port = _free_port()
+    argv = [sys.executable, "-m", "roctune", "webui", "--port", str(port), "--root", str(tmp_path)]
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, status = time.time() + 180, None
+        while status is None and server.poll() is None and time.time() < deadline:
+            try:
+                status = _get(f"http://127.0.0.1:{port}/")
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, server.communicate(timeout=30)[0] if server.poll() is not None else "no answer"
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+        assert second.returncode != 0 and "Traceback" not in second.stderr + second.stdout
+        assert second.stderr.strip().splitlines()[-1] == (f"roctune webui: error: --port {port}: in use; "
+                                                          "choose another --port"), second.stderr
+        assert server.poll() is None  # the first one still serves
+    finally:
+        burner.kill()
+        server.send_signal(2)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        burner.wait()
+
+
+# ------------------------------------------------------------------------------------------ pick, runs, languages
+def _fake_run(folder, phase=None, steps=4, method="lora", eval_loss=None):
+    from roctune import rundir
+
+    folder.mkdir(parents=True)
+    rundir.write_run(str(folder), {"base_model": "/models/tiny", "config": {"method": method, "stage": "sft"},
+                                   "data": {"total_steps": steps}})
+    for i in range(1, steps + 1):
+        row = {"step": i, "loss": 3.0 - i * 0.5}
+        if eval_loss is not None and i == steps:
+            row["eval_loss"] = eval_loss
+        rundir.append_metrics(str(folder), row)
+    if phase:
+        rundir.write_status(str(folder), phase, step=steps, total=steps)
+    return folder
+
+
+def test_lists_of_datasets_runs_checkpoints_and_models(tmp_path, monkeypatch):
+    from roctune.webui import Workspace, picks
+    from roctune.webui.runs import run_rows
+
+    root = tmp_path / "ws"
+    write_jsonl((root / "data").mkdir(parents=True) or root / "data" / "a.jsonl", [{"instruction": "x", "output": "y"}])
+    (root / "data" / "b.csv").write_text("instruction,output\nx,y\n")
+    (root / "data" / "dataset_info.json").write_text(json.dumps({"alpaca_zh": {"file_name": "a.jsonl"}, "b": {}}))
+    (root / "node_modules" / "pkg").mkdir(parents=True)
+    (root / "node_modules" / "pkg" / "x.json").write_text("{}")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "c.jsonl").write_text("")
+    done = _fake_run(root / "runs" / "done", "done", eval_loss=1.25)
+    (done / "adapter_config.json").write_text("{}")
+    (done / "checkpoint-2").mkdir()
+    (done / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (done / "best").mkdir()
+    _fake_run(root / "runs" / "failed", "failed", steps=2)
+    killed = _fake_run(root / "runs" / "killed", "training", steps=3)
+    st = json.loads((killed / "status.json").read_text())
+    (killed / "status.json").write_text(json.dumps(dict(st, pid=2**22 + 7)))  # a writer that is gone
+    model = root / "models" / "mine"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    home = tmp_path / "home"
+    (home / "models" / "stored").mkdir(parents=True)
+    (home / "models" / "stored" / "config.json").write_text("{}")
+    monkeypatch.setenv("ROCTUNE_HOME", str(home))
+    ws = Workspace(str(root))
+
+    assert picks.datasets(ws) == ["data:alpaca_zh", "data:b", "data/a.jsonl", "data/b.csv"]
+    assert sorted(picks.runs(ws)) == ["runs/done", "runs/failed", "runs/killed"]
+    states = {value: label for label, value in picks.run_choices(ws)}
+    assert states["runs/done"] == "runs/done  (done)" and states["runs/killed"] == "runs/killed  (stopped)"
+    assert picks.checkpoints(ws, "runs/done") == ["runs/done", "runs/done/best", "runs/done/checkpoint-2"]
+    stored = os.path.realpath(home / "models" / "stored")
+    assert picks.models(ws) == ["SmolLM2-135M-Instruct", "models/mine", str(home / "models" / "stored")]
+    assert ws.model(str(home / "models" / "stored")) == stored  # roctune's model store may be read
+    assert ws.model("SmolLM2-135M-Instruct") is None  # the bundled one: as if --model were left out
+    with pytest.raises(Exception, match="outside the workspace"):
+        ws.model(str(home))
+    rows = {r[0]: r for r in run_rows(ws)}
+    assert rows["runs/done"][1:6] == ["done", "4/4", "1.0000", "1.2500", "lora/sft"]
+    assert rows["runs/done"][6] == "tiny"
+    assert rows["runs/failed"][1] == "failed" and rows["runs/killed"][1] == "stopped"
+
+
+def test_every_text_of_the_page_has_its_chinese(tmp_path):
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    import gradio as gr
+
+    from roctune import config
+    from roctune.errors import ConfigError
+    from roctune.webui import build_app, error_line, i18n
+
+    app = build_app("runs", root=str(tmp_path))
+    assert i18n.missing(app) == []
+    items = i18n.translatable(app)
+    by_id = {getattr(b, "elem_id", None): (b, texts) for b, texts in items}
+    zh = dict(zip([b for b, _ in items], i18n.updates(gr, items, "zh")))
+    spec = {s["name"]: s for s in config.form_fields()}["max_steps"]
+    block, _ = by_id["rt-train-max-steps"]
+    assert (zh[block]["label"], zh[block]["info"]) == (spec["label_zh"], spec["help_zh"])
+    assert zh[by_id["rt-start"][0]]["value"] == "开始训练"
+    assert zh[by_id["rt-workspace"][0]]["value"].startswith(f"工作区：`{os.path.realpath(tmp_path)}`")
+    tabs = {b.label: zh[b]["label"] for b, _ in items if type(b).__name__ == "Tab"}
+    assert tabs == {"Doctor": "环境检查", "Data": "数据", "Train": "训练", "Runs": "运行记录", "Chat": "对话",
+                    "Eval": "评估", "Export": "导出"}
+    en = dict(zip([b for b, _ in items], i18n.updates(gr, items, "en")))
+    assert en[block]["label"] == "max steps"
+    # handlers speak the session's language; the CLI's line stays as the CLI prints it
+    with i18n.language("zh"):
+        assert i18n.t("started: {command}", command="roctune train") == "已开始：roctune train"
+        assert error_line("train", ConfigError("--lr must be > 0")) == "出错：roctune train: error: --lr must be > 0"
+    assert error_line("train", ConfigError("--lr must be > 0")) == "roctune train: error: --lr must be > 0"
+    # every setting declares its Chinese label and help beside the English ones
+    assert all(s["label_zh"] and s["help_zh"] and s["help_zh"] != s["help"] for s in config.form_fields())

@@ -98,9 +98,38 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
             log(f"--overwrite: building the new run in {folder}; it replaces {target} only once complete")
         cfg.output = folder
         try:
-            summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
+            summary = _run_with_status(recipe, cfg, records, eval_records, base_model, log, progress)
         finally:
             cfg.output = target
     if folder != target:
         log(f"--overwrite: the new run replaced the previous one in {target}")
     return {**summary, "output": target}
+
+
+def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progress) -> dict:
+    """recipe.run with the run directory's status.json kept (rundir.write_status): made with the folder before
+    anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
+    or failed (with the error). A run that ends before it wrote anything else leaves no folder behind (or, in a
+    folder that was there, no status.json): a failed start writes nothing, as a refused one does."""
+    import os
+    import time
+
+    from roctune import rundir
+
+    made = not os.path.isdir(cfg.output)
+    os.makedirs(cfg.output, exist_ok=True)
+    rundir.write_status(cfg.output, "starting", fresh=True, started=round(time.time(), 3))
+    try:
+        summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
+    except BaseException as e:
+        if set(os.listdir(cfg.output)) <= {rundir.STATUS_FILE}:
+            os.unlink(rundir.status_path(cfg.output))
+            if made:
+                os.rmdir(cfg.output)
+        elif isinstance(e, KeyboardInterrupt):
+            rundir.write_status(cfg.output, "stopped")
+        else:
+            rundir.write_status(cfg.output, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+        raise
+    rundir.write_status(cfg.output, "done", step=summary.get("steps"), eta_s=0)
+    return summary

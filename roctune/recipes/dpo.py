@@ -48,9 +48,11 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     from roctune.data.preference import tokenize_pairs
 
     setup, dist, tokenizer = session.start(cfg, base_model, say)
+    session.phase(cfg, dist, "tokenizing")
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
     pairs, eval_pairs = session.tokenize_splits(tokenize_pairs, tokenizer, records, eval_records, cfg, say, "pair")
     items, eval_items = [Item(c, r) for c, r in pairs], [Item(c, r) for c, r in eval_pairs]
+    session.phase(cfg, dist, "loading")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
     pad_id = tokenizer.pad_token_id

@@ -16,6 +16,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     from roctune.data.render import RenderOptions, iter_tokenized, tokenize_records
 
     setup, dist, tokenizer = session.start(cfg, base_model, say)
+    session.phase(cfg, dist, "tokenizing")
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
     options = RenderOptions.from_config(cfg)
     train_ex, eval_ex = session.tokenize_splits(partial(tokenize_records, options=options), tokenizer, records,
@@ -24,6 +25,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                                  partial(iter_tokenized, options=options)))
     n_tok = sum(len(e.input_ids) for e in train_ex)
     session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
+    session.phase(cfg, dist, "loading")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
 

@@ -188,6 +188,7 @@ class _State:
         self.best_weights: dict | None = None  # --load-best: this process's trainable tensors at the best eval
         self.trackers = Trackers([], cfg.output, {})
         self.save = None  # fit() sets the recipe's final save
+        self.status_at = 0.0  # when status.json was last written
 
     def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
         self.say = say
@@ -204,6 +205,7 @@ class _State:
                 tokens_done, done = tokens_done + n_tok, step + 1
                 last = self.row(done, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
                 if self.task.eval_items and self.eval_due(done):
+                    self.status("evaluating", done, total, last, t_start, start, force=True)
                     if done == total and self.save is not None:
                         say("saving the final model before the last evaluation")
                         self.save(model)
@@ -212,6 +214,7 @@ class _State:
                     stop = self.after_eval(model, last, say)
                 losses.append(last["loss"])
                 self.log_row(last, force=stop)
+                self.status("training", done, total, last, t_start, start, force=stop or done == total)
                 bar.update(done, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
                            "tok/s", say)
                 if stop:
@@ -231,6 +234,18 @@ class _State:
                 "mean_loss": sum(losses) / len(losses) if losses else None,
                 "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
                 "output": self.cfg.output, **{k: v for k, v in last.items() if k.startswith("eval_")}}
+
+    def status(self, phase: str, done: int, total: int, row: dict, t_start: float, start: int,
+               force: bool = False) -> None:
+        """The run's status.json (rank 0): phase, step of total, ETA and the last row; at most twice a second, so
+        a tiny model's many steps per second do not turn into as many file writes."""
+        now = time.perf_counter()
+        if not self.dist.is_main or (not force and now - self.status_at < 0.5):
+            return
+        self.status_at = now
+        eta = (now - t_start) / max(1, done - start) * (total - done)
+        rundir.write_status(self.cfg.output, phase, step=done, total=total, eta_s=round(eta, 1),
+                            metrics={k: v for k, v in row.items() if isinstance(v, (int, float)) and v == v})
 
     def after_eval(self, model, row: dict, say) -> bool:
         """Keep the best weights (with --early-stopping-patience or --load-best); True when training should stop:

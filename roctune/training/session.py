@@ -68,6 +68,12 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     return setup, dist, load_tokenizer(base_model, cfg.trust_remote_code)
 
 
+def phase(cfg, dist: Context, name: str) -> None:
+    """Record what the run is doing in its status.json (the first process; recipes.train made the folder)."""
+    if dist.is_main and os.path.isdir(cfg.output):
+        rundir.write_status(cfg.output, name)
+
+
 def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: str, cache_with=None):
     """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
     warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
@@ -187,6 +193,7 @@ def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
     """After the loop: save the final model (unless the loop saved it before its last evaluation and it has not
     changed since), say where, and leave the process group. Returns `summary`."""
     if not summary.pop("saved_final", False):
+        phase(cfg, dist, "saving")
         say(f"saving the final model to {cfg.output}")
         save_final(cfg, model, tokenizer, dist)
     elif dist.is_main:

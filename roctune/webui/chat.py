@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 from roctune.webui.html import box, guard
+from roctune.webui.i18n import t
 
 
 def message_text(content) -> str:
@@ -47,9 +48,12 @@ class ModelCache:
 def _layout(gr) -> SimpleNamespace:
     ui = SimpleNamespace()
     with gr.Row():
-        ui.adapter = gr.Textbox(label="adapter (a run directory; empty: the base model alone)", scale=3,
-                                elem_id="rt-chat-adapter")
-        ui.model = gr.Textbox(label="base model (default: the one the adapter was trained on)", scale=2)
+        ui.adapter = gr.Dropdown([], label="adapter (a run directory; empty: the base model alone)", scale=3,
+                                 allow_custom_value=True, elem_id="rt-chat-adapter")
+        ui.checkpoint = gr.Dropdown([], label="checkpoint", allow_custom_value=True, scale=2,
+                                    elem_id="rt-chat-checkpoint")
+        ui.model = gr.Dropdown([], label="base model (default: the one the adapter was trained on)", scale=2,
+                               allow_custom_value=True, elem_id="rt-chat-model")
     with gr.Row():
         ui.compare = gr.Checkbox(label="side by side: base vs fine-tuned", value=True, elem_id="rt-compare")
         ui.max_new = gr.Number(label="max new tokens", value=64, precision=0, elem_id="rt-max-new")
@@ -68,14 +72,14 @@ def _layout(gr) -> SimpleNamespace:
 
 def send_handler(ws, models: ModelCache):
     @guard("chat", 4, status_index=3)
-    def on_send(msg, adapter, model, compare, max_new, temp, ft_hist, base_hist):
+    def on_send(msg, adapter, checkpoint, model, compare, max_new, temp, ft_hist, base_hist):
         from roctune.errors import ConfigError
         from roctune.generate import generate
 
         text = (msg or "").strip()
         if not text:
-            return "", ft_hist, base_hist, box("type a message first", "info")
-        adapter = ws.adapter(adapter) if (adapter or "").strip() else None
+            return "", ft_hist, base_hist, box(t("type a message first"), "info")
+        adapter = ws.adapter(checkpoint or adapter) if (checkpoint or adapter or "").strip() else None
         model = ws.model(model)
         compare = bool(compare and adapter)
         if max_new is None or max_new <= 0:
@@ -92,20 +96,30 @@ def send_handler(ws, models: ModelCache):
                 base_answer = generate(loaded, [history_messages(base_hist)], use_adapter=False, **kw)[0]
                 base_hist.append({"role": "assistant", "content": base_answer})
         who = f"{loaded.base_model}" + (f" + {adapter}" if adapter else "")
-        return "", ft_hist, base_hist, box(f"{who}: answered in {time.time() - t0:.1f}s", "info")
+        return "", ft_hist, base_hist, box(t("{who}: answered in {s}s", who=who, s=f"{time.time() - t0:.1f}"), "info")
 
     return on_send
 
 
-def build(gr, ws, models: ModelCache) -> SimpleNamespace:
-    """The Chat tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
+def build(gr, ws, models: ModelCache, lang) -> SimpleNamespace:
+    """The Chat tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends; the
+    checkpoint list follows the adapter picked (`lang`: the page's language state)."""
+    from roctune.webui import picks
+
     with gr.Tab("Chat", id="chat"):
         ui = _layout(gr)
     on_send = send_handler(ws, models)
     outputs = [ui.msg, ui.ft_bot, ui.base_bot, ui.status]
-    inputs = [ui.msg, ui.adapter, ui.model, ui.compare, ui.max_new, ui.temp, ui.ft_bot, ui.base_bot]
+    inputs = [ui.msg, ui.adapter, ui.checkpoint, ui.model, ui.compare, ui.max_new, ui.temp, ui.ft_bot, ui.base_bot,
+              lang]
     ui.send.click(on_send, inputs, outputs)
     ui.msg.submit(on_send, inputs, outputs)
     ui.clear.click(lambda: ([], [], ""), None, [ui.ft_bot, ui.base_bot, ui.status])
     ui.compare.change(lambda on: gr.update(visible=bool(on)), ui.compare, ui.base_bot)
+
+    @guard("chat", 1)
+    def on_adapter(run):
+        return gr.update(choices=picks.checkpoints(ws, (run or "").strip()), value=None)
+
+    ui.adapter.change(on_adapter, [ui.adapter, lang], ui.checkpoint)
     return ui

@@ -7,6 +7,7 @@ import os
 from types import SimpleNamespace
 
 from roctune.webui.html import LEVEL_COLOR, box, esc, guard
+from roctune.webui.i18n import t
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".tsv", ".parquet"]
 PREVIEW_ROWS = 20
@@ -24,7 +25,7 @@ def _need_paths(paths: list[str]) -> list[str]:
     from roctune.errors import ConfigError
 
     if not paths:
-        raise ConfigError("no dataset: pick a file, upload one or type its path")
+        raise ConfigError(t("no dataset: pick a file, upload one or type its path"))
     return paths
 
 
@@ -39,7 +40,7 @@ def preview_rows(paths_text: str | list[str], limit: int = PREVIEW_ROWS) -> tupl
         rows.append([ex.where, prompt, ex.messages[-1]["content"]])
         if len(rows) >= limit:
             break
-    return rows, f"first {len(rows)} record(s) of {', '.join(paths)}"
+    return rows, t("first {n} record(s) of {paths}", n=len(rows), paths=", ".join(paths))
 
 
 LEARNED_STYLE = "background:#d3f5d3;color:#0b3d0b;font-weight:bold"
@@ -50,8 +51,9 @@ def learned_html(where: str, result: dict) -> str:
     """A `preview_record` result as HTML: learned text highlighted, context dimmed, with the token counts."""
     spans = "".join(f"<span style='{LEARNED_STYLE if s['train'] else CONTEXT_STYLE}'>{esc(s['text'])}</span>"
                     for s in result["segments"])
-    return (f"<p><b>{esc(where)}</b>: {result['tokens']} tokens, {result['learned_tokens']} learned "
-            f"(<span style='{LEARNED_STYLE}'>learned</span>, <span style='{CONTEXT_STYLE}'>context</span>)</p>"
+    counts = t("{tokens} tokens, {learned} learned", tokens=result["tokens"], learned=result["learned_tokens"])
+    return (f"<p><b>{esc(where)}</b>: {counts} "
+            f"(<span style='{LEARNED_STYLE}'>{t('learned')}</span>, <span style='{CONTEXT_STYLE}'>{t('context')}</span>)</p>"
             f"<pre style='white-space:pre-wrap' class='rt-learned'>{spans}</pre>")
 
 
@@ -145,7 +147,7 @@ def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:
 
     paths = data_paths(paths_text)
     if len(paths) != 1:
-        raise ConfigError("scrub takes one input file; pick exactly one dataset")
+        raise ConfigError(t("scrub takes one input file; pick exactly one dataset"))
     src = ws.data([paths[0]])[0]
     if not os.path.isfile(src):
         raise ConfigError(f"--data {paths[0]}: scrub takes one file, not a data directory")
@@ -156,8 +158,8 @@ def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:
 def _layout(gr) -> SimpleNamespace:
     ui = SimpleNamespace()
     with gr.Row():
-        ui.path = gr.Textbox(label="dataset path(s), one per line", lines=1, scale=3, elem_id="rt-data-path",
-                             placeholder="data/train.jsonl (.jsonl, .json, .csv, .tsv, .parquet)")
+        ui.path = gr.Dropdown([], label="dataset (pick from the workspace or type a path)", allow_custom_value=True,
+                              scale=3, elem_id="rt-data-path")
         ui.upload = gr.File(label="or upload a file", file_types=DATA_TYPES, scale=2, elem_id="rt-data-upload")
     with gr.Row():
         ui.preview_btn = gr.Button("Preview", elem_id="rt-preview")
@@ -165,7 +167,7 @@ def _layout(gr) -> SimpleNamespace:
                                  elem_id="rt-check-len")
         ui.check_btn = gr.Button("Run checks", variant="primary", elem_id="rt-check")
     ui.status = gr.HTML(elem_id="rt-data-status")
-    ui.preview = gr.Dataframe(headers=["where", "prompt", "answer"], interactive=False, wrap=True,
+    ui.preview = gr.Dataframe(headers=["where", "prompt", "answer"], interactive=False, wrap=True, max_height=420,
                               label="records", elem_id="rt-preview-table")
     ui.check_out = gr.HTML(elem_id="rt-check-out")
     with gr.Row():
@@ -191,7 +193,7 @@ def build(gr, ws) -> SimpleNamespace:
     @guard("data", 2)
     def on_upload(f):
         taken = ws.take_upload(f if isinstance(f, str) else getattr(f, "name", ""))
-        return box(f"uploaded into the workspace: {taken}", "info"), taken
+        return box(t("uploaded into the workspace: {path}", path=taken), "info"), taken
 
     @guard("data", 2)
     def on_preview(paths):
@@ -200,23 +202,36 @@ def build(gr, ws) -> SimpleNamespace:
 
     @guard("data", 2)
     def on_learned(paths, index):
-        return box("learned text highlighted, context dimmed", "info"), preview_learned(ws.data(data_paths(paths)),
+        return box(t("learned text highlighted, context dimmed"), "info"), preview_learned(ws.data(data_paths(paths)),
                                                                                         index)
 
     @guard("data", 2)
+    def on_pick(paths, index):  # a dataset picked: what training learns from its first record, at once
+        if not data_paths(paths):
+            return "", ""
+        return on_learned.__wrapped__(paths, index)
+
+    @guard("data", 2)
     def on_check(paths, max_len):
-        return box("checked", "ok"), run_check(ws.data(data_paths(paths)), max_len)
+        return box(t("checked"), "ok"), run_check(ws.data(data_paths(paths)), max_len)
 
     @guard("data", 3)
     def on_scrub(paths, out, types):
         src, dest = scrub_paths(ws, paths, out)
         text = run_scrub(src, dest, types)
-        return box(f"scrubbed copy written to {dest}", "ok"), text, dest
+        return box(t("scrubbed copy written to {path}", path=dest), "ok"), text, dest
 
-    ui.upload.upload(on_upload, ui.upload, [ui.status, ui.path])
-    ui.preview_btn.click(on_preview, ui.path, [ui.status, ui.preview])
-    ui.learn_btn.click(on_learned, [ui.path, ui.learn_index], [ui.status, ui.learn_out])
-    ui.check_btn.click(on_check, [ui.path, ui.check_len], [ui.status, ui.check_out])
-    ui.scrub_btn.click(on_scrub, [ui.path, ui.scrub_out_path, ui.scrub_types],
-                       [ui.status, ui.scrub_out, ui.scrub_out_path])
+    ui.handlers = (on_upload, on_preview, on_learned, on_check, on_scrub, on_pick)
     return ui
+
+
+def wire(ui, lang) -> None:
+    """The Data panel's events; `lang` (the page's language state) is the last input of each."""
+    on_upload, on_preview, on_learned, on_check, on_scrub, on_pick = ui.handlers
+    ui.upload.upload(on_upload, [ui.upload, lang], [ui.status, ui.path])
+    ui.preview_btn.click(on_preview, [ui.path, lang], [ui.status, ui.preview])
+    ui.path.change(on_pick, [ui.path, ui.learn_index, lang], [ui.status, ui.learn_out])
+    ui.learn_btn.click(on_learned, [ui.path, ui.learn_index, lang], [ui.status, ui.learn_out])
+    ui.check_btn.click(on_check, [ui.path, ui.check_len, lang], [ui.status, ui.check_out])
+    ui.scrub_btn.click(on_scrub, [ui.path, ui.scrub_out_path, ui.scrub_types, lang],
+                       [ui.status, ui.scrub_out, ui.scrub_out_path])

@@ -8,6 +8,7 @@ import threading
 from types import SimpleNamespace
 
 from roctune.webui.html import box, guard
+from roctune.webui.i18n import t
 
 _LOCK = threading.Lock()  # one evaluation at a time: each loads a model
 
@@ -59,20 +60,22 @@ def show_handler(ws):
         if not (adapter or "").strip() and not (output or "").strip():
             raise ConfigError("give the run directory (or the report folder) to show")
         out = _report_dir(ws, ws.path(adapter, "--adapter") if (adapter or "").strip() else "", output)
-        return box(f"report from {out}", "info"), report.fragment(report.read(out))
+        return box(t("report from {path}", path=out), "info"), report.fragment(report.read(out))
 
     return on_show
 
 
-def build(gr, ws) -> SimpleNamespace:
+def build(gr, ws, lang) -> SimpleNamespace:
     """The Eval tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
     ui = SimpleNamespace()
     with gr.Tab("Eval", id="eval"):
         gr.Markdown("Is the fine-tune better than its base model on held-out data? Loss and perplexity (as "
                     "training computes them), BLEU-4, ROUGE and exact match of greedy answers (`roctune eval`).")
         with gr.Row():
-            ui.adapter = gr.Textbox(label="adapter (run directory)", scale=3, elem_id="rt-eval-adapter")
-            ui.data = gr.Textbox(label="held-out data (one path per line)", scale=3, elem_id="rt-eval-data")
+            ui.adapter = gr.Dropdown([], label="adapter (run directory)", scale=3, allow_custom_value=True,
+                                     elem_id="rt-eval-adapter")
+            ui.data = gr.Dropdown([], label="held-out data (one path per line)", scale=3, allow_custom_value=True,
+                                  multiselect=True, elem_id="rt-eval-data")
         with gr.Row():
             ui.output = gr.Textbox(label="report folder (default: RUN/eval)", scale=3, elem_id="rt-eval-output")
             ui.max_new = gr.Number(label="max new tokens", value=64, precision=0, scale=1)
@@ -81,6 +84,6 @@ def build(gr, ws) -> SimpleNamespace:
             ui.show = gr.Button("Show the last report", elem_id="rt-eval-show")
         ui.status = gr.HTML(elem_id="rt-eval-status")
         ui.report = gr.HTML(elem_id="rt-eval-report")
-    ui.btn.click(eval_handler(ws), [ui.adapter, ui.data, ui.output, ui.max_new], [ui.status, ui.report])
-    ui.show.click(show_handler(ws), [ui.adapter, ui.output], [ui.status, ui.report])
+    ui.btn.click(eval_handler(ws), [ui.adapter, ui.data, ui.output, ui.max_new, lang], [ui.status, ui.report])
+    ui.show.click(show_handler(ws), [ui.adapter, ui.output, lang], [ui.status, ui.report])
     return ui

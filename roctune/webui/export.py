@@ -56,13 +56,14 @@ def check_table(check: dict | None) -> str:
             f"{rows}</table>")
 
 
-def build(gr, ws) -> SimpleNamespace:
+def build(gr, ws, lang) -> SimpleNamespace:
     """The Export tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
     from roctune.export.gguf_file import KQUANTS, QUANTS
 
     ui = SimpleNamespace()
     with gr.Tab("Export", id="export"):
-        ui.adapter = gr.Textbox(label="adapter (run directory)", elem_id="rt-export-adapter")
+        ui.adapter = gr.Dropdown([], label="adapter (run directory)", allow_custom_value=True,
+                                 elem_id="rt-export-adapter")
         gr.Markdown("Merge the adapter into its base model and save a plain transformers model (`roctune merge`).")
         with gr.Row():
             ui.output = gr.Textbox(label="save the merged model to", scale=3, elem_id="rt-export-output")
@@ -80,13 +81,14 @@ def build(gr, ws) -> SimpleNamespace:
             ui.gguf_overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
         ui.gguf_btn = gr.Button("Export GGUF", variant="primary", elem_id="rt-gguf")
         ui.gguf_status = gr.HTML(elem_id="rt-gguf-status")
-    ui.btn.click(merge_handler(ws), [ui.adapter, ui.output, ui.dtype, ui.overwrite], ui.status)
+    ui.btn.click(merge_handler(ws), [ui.adapter, ui.output, ui.dtype, ui.overwrite, lang], ui.status)
     ui.gguf_btn.click(gguf_handler(ws), [ui.adapter, ui.gguf_output, ui.quant, ui.name, ui.verify,
-                                         ui.gguf_overwrite], ui.gguf_status)
+                                         ui.gguf_overwrite, lang], ui.gguf_status)
     ui.adapter.change(lambda a: _beside(a, "-merged"), ui.adapter, ui.output)
     ui.adapter.change(lambda a: _beside(a, "-gguf"), ui.adapter, ui.gguf_output)
     return ui
 
 
 def _beside(adapter: str, suffix: str) -> str:
-    return os.path.join(adapter.strip().rstrip("/") + suffix) if adapter.strip() else ""
+    adapter = (adapter or "").strip()
+    return os.path.join(adapter.rstrip("/") + suffix) if adapter else ""

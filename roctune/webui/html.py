@@ -1,10 +1,14 @@
 """Small HTML pieces the panels share: the status box, the CLI's error line for an exception, a handler guard
-that turns any failure into that line, sizes in GiB, the page's CSS."""
+that runs a handler in its session's language and turns any failure into that line, sizes in GiB, the page's
+CSS."""
 from __future__ import annotations
 
 import functools
 import html
+import inspect
 import traceback
+
+from roctune.webui.i18n import Lang, current, language, t
 
 LEVEL_COLOR = {"ok": "#1a7f37", "warn": "#9a6700", "fail": "#cf222e"}
 
@@ -26,13 +30,16 @@ def esc(text) -> str:
 
 
 def error_line(command: str, exc: BaseException) -> str:
-    """What the CLI would print for this exception."""
+    """What the CLI would print for this exception (on a Chinese page after a Chinese lead-in: the line itself is
+    the CLI's, in English, as a user would search for it)."""
     from roctune.errors import RoctuneError
 
     if isinstance(exc, RoctuneError):
-        return f"roctune {command}: error: {exc}"
-    traceback.print_exc()  # an unexpected failure: full details on the server's stderr, one line on the page
-    return f"roctune {command}: internal error: {type(exc).__name__}: {exc} (details in the server log)"
+        line = f"roctune {command}: error: {exc}"
+    else:
+        traceback.print_exc()  # an unexpected failure: full details on the server's stderr, one line on the page
+        line = f"roctune {command}: internal error: {type(exc).__name__}: {exc} (details in the server log)"
+    return t("error: {line}", line=line) if current() == "zh" else line
 
 
 def box(text: str, kind: str = "info") -> str:
@@ -46,20 +53,51 @@ def gib(n: float) -> str:
 
 
 def guard(command: str, n_outputs: int, status_index: int = 0):
-    """Wrap a handler so a RoctuneError (or anything else) becomes the CLI's line in its status box."""
+    """Wrap a handler so it runs in its session's language (a `Lang` last input, the page's language state) and a
+    RoctuneError (or anything else) becomes the CLI's line in its status box."""
 
     def wrap(fn):
         @functools.wraps(fn)  # the API endpoint keeps the handler's name (/on_scrub, not /inner_4)
         def inner(*args):
-            try:
-                return fn(*args)
-            except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
-                import gradio as gr
+            lang = None
+            if args and isinstance(args[-1], Lang):
+                lang, args = args[-1], args[:-1]
+            with language(lang):
+                try:
+                    return fn(*args)
+                except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
+                    import gradio as gr
 
-                out = [gr.update() for _ in range(n_outputs)]
-                out[status_index] = box(error_line(command, e), "error")
-                return tuple(out) if n_outputs > 1 else out[0]
+                    out = [gr.update() for _ in range(n_outputs)]
+                    out[status_index] = box(error_line(command, e), "error")
+                    return tuple(out) if n_outputs > 1 else out[0]
 
+        inner.__signature__ = with_lang(fn)
         return inner
 
     return wrap
+
+
+def with_lang(fn) -> inspect.Signature:
+    """`fn`'s signature with the language input added at the end (so Gradio counts the inputs right)."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind != p.VAR_POSITIONAL]
+    extra = [inspect.Parameter("lang", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    if len(params) != len(sig.parameters):  # *args: keep it last
+        return sig
+    return sig.replace(parameters=params + extra)
+
+
+def in_language(fn):
+    """For handlers that make their own messages (no guard): the last input is the session's `Lang`."""
+
+    @functools.wraps(fn)
+    def inner(*args):
+        lang = None
+        if args and isinstance(args[-1], Lang):
+            lang, args = args[-1], args[:-1]
+        with language(lang):
+            return fn(*args)
+
+    inner.__signature__ = with_lang(fn)
+    return inner

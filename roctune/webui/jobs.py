@@ -1,31 +1,15 @@
-"""The training job: one `python -m roctune train --config FILE.yaml` process started by the page, in its own
-process group so that Stop ends the trainer and everything it started; and the CLI's error line read back from
-its output."""
+"""The training job: one `python -m roctune train <flags>` process started by the page, in its own process group
+so that Stop ends the trainer and everything it started; the command and YAML the page previews and saves for a
+form; and the CLI's error line read back from the job's output."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-
-# a line of a phase: a count with an ETA (roctune.progress: tokenizing, reference, step, evaluating batch, ...),
-# the DPO reference scoring's first line, or saving the final model
-_PHASE = re.compile(r"\S.* \d+/\d+ .*eta \d+:\d\d|dpo: scoring .*|saving .*")
-
-
-def phase(log_text: str) -> str | None:
-    """The current phase of a `roctune train` run: its log's latest phase line, such as
-    `tokenizing training data 1200/5000  eta 0:41` or `step 12/200  loss 1.2345 ... eta 3:10`; None before one."""
-    for line in reversed(log_text.splitlines()):
-        line = line.strip()
-        if _PHASE.fullmatch(line):
-            return line
-    return None
 
 
 def cli_error(log_text: str, rc: int) -> str:
@@ -38,19 +22,30 @@ def cli_error(log_text: str, rc: int) -> str:
     return f"roctune train: failed (exit code {rc}): {last}".rstrip(": ")
 
 
-def write_config(cfg) -> str:
-    """The settings that differ from the defaults, as a YAML file for `roctune train --config` (in a temp dir;
-    `trust_remote_code` is never written: it is refused from files and goes on the command line)."""
+def settings_yaml(cfg) -> str:
+    """The settings that differ from the defaults, as the YAML of `roctune train --config FILE.yaml`
+    (`trust_remote_code` is never written: a file cannot set it)."""
     import yaml
 
     from roctune.config import TrainConfig
 
     defaults = TrainConfig().to_dict()
     doc = {k: v for k, v in cfg.to_dict().items() if k != "trust_remote_code" and v != defaults[k]}
-    fd, path = tempfile.mkstemp(prefix="roctune-webui-", suffix=".yaml")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        yaml.safe_dump(doc, f, sort_keys=False, allow_unicode=True)
-    return path
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def train_argv(cfg) -> list[str]:
+    """`roctune train` with the flags for `cfg` (config.to_flags): what the page shows and runs."""
+    from roctune.config import to_flags
+
+    return ["roctune", "train", *to_flags(cfg)]
+
+
+def command_text(argv: list[str]) -> str:
+    """A command as a user would type it in a shell."""
+    import shlex
+
+    return shlex.join(argv)
 
 
 @dataclass
@@ -65,11 +60,10 @@ class TrainJob:
     stopped: bool = False
 
     @classmethod
-    def start(cls, cfg, trust_remote_code: bool = False, cwd: str | None = None) -> "TrainJob":
-        """Start training `cfg` (already validated) as `python -m roctune train --config <YAML>`."""
-        argv = [sys.executable, "-m", "roctune", "train", "--config", write_config(cfg)]
-        if trust_remote_code:
-            argv.append("--trust-remote-code")
+    def start(cls, cfg, cwd: str | None = None) -> "TrainJob":
+        """Start training `cfg` (already validated) as `python -m roctune train <flags>`: the command the page
+        previews, so what runs is what was shown."""
+        argv = [sys.executable, "-m", *train_argv(cfg)]
         fd, log_path = tempfile.mkstemp(prefix="roctune-webui-train-", suffix=".log")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with os.fdopen(fd, "wb") as log:
@@ -81,7 +75,7 @@ class TrainJob:
     @property
     def command(self) -> str:
         """The command as a user would type it."""
-        return " ".join(["roctune", *self.argv[3:]])
+        return command_text(["roctune", *self.argv[3:]])
 
     @property
     def running(self) -> bool:

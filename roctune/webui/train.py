@@ -1,16 +1,19 @@
-"""The Train panel: the settings form (generated, see train_form), the memory estimate, Start and Stop, and a
-live view of the run (progress line, loss curve, log) read from the run directory while the job trains."""
+"""The Train panel: the settings form (generated, see train_form), the memory estimate, the command and YAML the
+form stands for (previewed, saved to and loaded from a settings file in the workspace), Start and Stop, and a live
+view of the run read from the run directory while the job trains: the progress line from its status.json (which
+the trainer keeps, rundir.write_status), the loss curve from metrics.jsonl, and the log."""
 from __future__ import annotations
 
 import os
 import time
 from types import SimpleNamespace
 
-from roctune.rundir import read_metrics, total_steps
-from roctune.webui.html import box, error_line, esc, gib, guard
-from roctune.webui.jobs import TrainJob, cli_error, phase
+from roctune.rundir import read_metrics, read_status
+from roctune.webui.html import box, error_line, esc, gib, guard, in_language
+from roctune.webui.i18n import t
+from roctune.webui.jobs import TrainJob, cli_error, command_text, settings_yaml, train_argv
 from roctune.webui.train_form import ESTIMATE_FIELDS, FORM_GROUPS, OPEN_GROUPS, component, fill_config, \
-    form_config, form_specs
+    form_config, form_specs, form_values
 
 
 def memory_html(cfg) -> str:
@@ -31,43 +34,63 @@ def memory_html(cfg) -> str:
                    for k, v in est.breakdown.items() if v)
     if device == "cuda":
         gpu = detected_gpu()
-        where, avail = (gpu[0], gpu[1]) if gpu else ("the GPU", None)
+        where, avail = (gpu[0], gpu[1]) if gpu else (t("the GPU"), None)
     else:
-        where, avail = "system RAM", system_memory_bytes()
+        where, avail = t("system RAM"), system_memory_bytes()
     if avail is None:
         fit = ""
     elif est.fits(avail):
-        fit = f" <span style='color:#1a7f37'>fits {esc(where)} ({gib(avail)})</span>"
+        fit = f" <span style='color:#1a7f37'>{esc(t('fits {where} ({avail})', where=where, avail=gib(avail)))}</span>"
     else:
-        fit = (f" <span class='rt-error'>does not fit {esc(where)} ({gib(avail)}): lower the max length "
-               f"or batch size (`roctune estimate --suggest`)</span>")
-    return (f'<p id="rt-estimate">estimated peak memory: <b>{gib(est.total_bytes)}</b> on {device} ({dtype}, '
-            f"batch {cfg.batch_size} x {cfg.max_length} tokens, {est.trainable_params:,} of "
-            f"{est.total_params:,} parameters trained).{fit}</p>"
-            f'<details><summary>breakdown</summary><table class="rt-table">{rows}</table></details>')
+        fit = (" <span class='rt-error'>" + esc(t("does not fit {where} ({avail}): lower the max length or batch size "
+                                                  "(`roctune estimate --suggest`)", where=where, avail=gib(avail)))
+               + "</span>")
+    line = t("estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "
+             "{params} parameters trained).", total=gib(est.total_bytes), device=device, dtype=dtype,
+             batch=cfg.batch_size, length=cfg.max_length, trained=f"{est.trainable_params:,}",
+             params=f"{est.total_params:,}")
+    return (f'<p id="rt-estimate">{line}{fit}</p>'
+            f'<details><summary>{t("breakdown")}</summary><table class="rt-table">{rows}</table></details>')
 
 
-def progress_text(metrics: list[dict], total: int | None, job: TrainJob | None) -> str:
-    if not metrics:
-        return "starting: loading the model and tokenizing the data..." if job and job.running else ""
-    last = metrics[-1]
-    step = last["step"]
-    parts = [f"step {step}/{total or '?'}", f"loss {last['loss']:.4f}"]
-    if "eval_loss" in last:
-        parts.append(f"eval loss {last['eval_loss']:.4f}")
-    parts.append(f"{last.get('tokens_per_s', 0):,.0f} tokens/s")
-    if total and step < total:
-        recent = [m.get("step_time_s", 0) for m in metrics[-10:]]
-        eta = sum(recent) / len(recent) * (total - step)
-        parts.append(f"ETA {int(eta // 60)}:{int(eta % 60):02d}")
+PHASE_TEXT = {"starting": "starting", "tokenizing": "tokenizing the data", "loading": "loading the model",
+              "training": "training", "evaluating": "evaluating", "saving": "saving the final model",
+              "done": "done", "failed": "failed", "stopped": "stopped"}
+
+
+def progress_text(status: dict | None, job: TrainJob | None = None) -> str:
+    """The run's status.json (rundir.read_status) as one line: `step 5/8 | loss 1.2345 | 120 tokens/s | ETA 0:16`
+    while it trains, its phase before and after."""
+    if not status:
+        return t("starting: loading the model and tokenizing the data...") if job and job.running else ""
+    phase, m = status["phase"], status.get("metrics") or {}
+    parts = [] if phase == "training" else [t(PHASE_TEXT[phase])]
+    if status.get("total"):
+        parts.append(t("step {step}/{total}", step=status.get("step", 0), total=status["total"]))
+    for key, label in (("loss", "loss {loss}"), ("eval_loss", "eval loss {loss}")):
+        if isinstance(m.get(key), (int, float)):
+            parts.append(t(label, loss=f"{m[key]:.4f}"))
+    if "tokens_per_s" in m:
+        parts.append(t("{n} tokens/s", n=f"{m['tokens_per_s']:,.0f}"))
+    eta = status.get("eta_s")
+    if phase in ("training", "evaluating") and isinstance(eta, (int, float)) and eta > 0:
+        parts.append(t("ETA {eta}", eta=f"{int(eta // 60)}:{int(eta % 60):02d}"))
     return " | ".join(parts)
 
 
-def running_status(job: TrainJob, log_text: str) -> str:
-    """What a running job is doing, from its log (`running: tokenizing training data 1200/5000  eta 0:41`), and
-    the command it runs."""
-    doing = "stopping..." if job.stopped else f"running: {phase(log_text) or 'starting'}"
-    return f"{doing}\nstarted: {job.command}"
+def live_dir(output: str) -> str:
+    """Where a run being written lives: the staging folder of an --overwrite (rundir.claim) until it is swapped in."""
+    from roctune.rundir import staging_path
+
+    staging = staging_path(output)
+    return staging if os.path.isdir(staging) else output
+
+
+def running_status(job: TrainJob, status: dict | None) -> str:
+    """What a running job is doing, from its status.json, and the command it runs."""
+    doing = t("stopping...") if job.stopped else t("running: {phase}",
+                                                   phase=t(PHASE_TEXT[status["phase"]] if status else "starting"))
+    return f"{doing}\n{t('started: {command}', command=job.command)}"
 
 
 def loss_frame(metrics: list[dict]):
@@ -109,6 +132,14 @@ def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
     with gr.Row():
         ui.start_btn = gr.Button("Start training", variant="primary", elem_id="rt-start")
         ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="rt-stop")
+        ui.preview_btn = gr.Button("Preview command", elem_id="rt-preview-command")
+    with gr.Row():
+        ui.settings_path = gr.Textbox(label="settings file (YAML, in the workspace)", value="settings.yaml", scale=3,
+                                      elem_id="rt-settings-path")
+        ui.save_btn = gr.Button("Save settings", scale=1, elem_id="rt-save-settings")
+        ui.load_btn = gr.Button("Load settings", scale=1, elem_id="rt-load-settings")
+    ui.command = gr.Code(label="the command and settings file for this form", language="yaml", interactive=False,
+                         elem_id="rt-command")
     ui.status = gr.HTML(elem_id="rt-train-status")
     ui.progress = gr.Markdown(elem_id="rt-progress")
     ui.plot = gr.LinePlot(loss_frame([]), x="step", y="loss", title="training loss", height=300,
@@ -127,46 +158,90 @@ def build(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
         return _layout(gr, run_root, trust_allowed)
 
 
+def preview(cfg) -> str:
+    """The command the page runs for these settings, and the same settings as a YAML file."""
+    return f"# {command_text(train_argv(cfg))}\n" + settings_yaml(cfg)
+
+
 def start_handler(gr, ui, ws, state):
     names = list(ui.fields)
 
+    @in_language
     def on_start(*v):
         job = state["job"]
         if job is not None and job.running:
-            return (box("a training run is already going; stop it first", "error"), gr.update(), gr.update(),
-                    gr.Timer(active=True))
+            return (box(t("a training run is already going; stop it first"), "error"), gr.update(), gr.update(),
+                    gr.Timer(active=True), gr.update())
         try:
-            cfg, trust = form_config(dict(zip(names, v)), ws)
+            cfg, _ = form_config(dict(zip(names, v)), ws)
         except Exception as e:  # noqa: BLE001 - the CLI's line on the page
-            return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False)
-        state["job"] = job = TrainJob.start(cfg, trust, cwd=ws.root)
-        return box(f"started: {job.command}", "info"), "starting...", "", gr.Timer(active=True)
+            return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False), gr.update()
+        state["job"] = job = TrainJob.start(cfg, cwd=ws.root)
+        return (box(t("started: {command}", command=job.command), "info"), t("starting..."), "",
+                gr.Timer(active=True), preview(cfg))
 
     return on_start
+
+
+def settings_handlers(ui, ws):
+    """Preview, save and load: the form as `roctune train` flags and YAML, a YAML file in the workspace back into
+    the form. Saving never replaces a file; loading checks the file as `roctune train --config` does."""
+    names = list(ui.fields)
+
+    @guard("train", 2)
+    def on_preview(*v):
+        cfg, _ = fill_config(dict(zip(names, v)), ws)
+        return "", preview(cfg)
+
+    @guard("train", 2)
+    def on_save(path, *v):
+        from roctune.errors import ConfigError
+        from roctune.rundir import atomic_write_text
+
+        cfg, _ = fill_config(dict(zip(names, v)), ws)
+        real = ws.path(path, "settings file", write=True)
+        if os.path.lexists(real):
+            raise ConfigError(f"settings file {path}: already exists; choose another name (the page never "
+                              "replaces a file)")
+        atomic_write_text(real, settings_yaml(cfg))
+        return box(t("settings saved to {path}", path=real), "ok"), preview(cfg)
+
+    @guard("train", 2 + len(names))
+    def on_load(path):
+        from roctune import config
+
+        real = ws.path(path, "--config")
+        cfg = config.apply(config.TrainConfig(), config.load_yaml(real), real)
+        return (box(t("settings loaded from {path}", path=real), "ok"), preview(cfg), *form_values(cfg, names))
+
+    return on_preview, on_save, on_load
 
 
 def tick_handler(gr, state, n_followers: int):
     """Each second while a job runs: its status, progress, loss curve and log; when it is done, the run
     directory for the result box and the `followers` (the Chat and Export panels' adapter boxes)."""
 
+    @in_language
     def on_tick():
         job: TrainJob | None = state["job"]
         keep = gr.update()
         if job is None:
             return (keep,) * (5 + n_followers) + (gr.Timer(active=False),)
-        metrics = read_metrics(job.output)
-        prog = progress_text(metrics, total_steps(job.output), job)
+        folder = live_dir(job.output)
+        metrics, run_status = read_metrics(folder), read_status(folder)
+        prog = progress_text(run_status, job)
         log, frame = job.log_text(), loss_frame(metrics)
         if job.running:
-            status = box(running_status(job, log), "info")
+            status = box(running_status(job, run_status), "info")
             return (status, prog, frame, log, keep) + (keep,) * n_followers + (gr.Timer(active=True),)
         rc = job.proc.returncode
         if rc == 0:
-            status = box(f"done: adapter saved to {job.output}", "ok")
+            status = box(t("done: adapter saved to {path}", path=job.output), "ok")
             return (status, prog, frame, log) + (job.output,) * (1 + n_followers) + (gr.Timer(active=False),)
         if job.stopped:
             step = metrics[-1]["step"] if metrics else 0
-            status = box(f"stopped at step {step}; the unfinished run is in {job.output}", "info")
+            status = box(t("stopped at step {step}; the unfinished run is in {path}", step=step, path=job.output),
+                         "info")
         else:
             status = box(cli_error(log, rc), "error")
         return (status, prog, frame, log) + (keep,) * (1 + n_followers) + (gr.Timer(active=False),)
@@ -175,18 +250,20 @@ def tick_handler(gr, state, n_followers: int):
 
 
 def stop_handler(state):
+    @in_language
     def on_stop():
         job: TrainJob | None = state["job"]
         if job is None or not job.running:
-            return box("no training run is going", "info")
+            return box(t("no training run is going"), "info")
         job.stop()
-        return box("stopping...", "info")
+        return box(t("stopping..."), "info")
 
     return on_stop
 
 
-def wire(gr, app, ui, ws, state, followers: list) -> None:
-    """The Train panel's events: the estimate on changes, Start, the timer that follows the job, Stop."""
+def wire(gr, app, ui, ws, state, lang, followers: list) -> None:
+    """The Train panel's events: the estimate on changes, Start, the timer that follows the job, Stop, and
+    preview, save and load of the settings. `lang` is the page's language state, the last input of each."""
     names, inputs = list(ui.fields), list(ui.fields.values())
 
     @guard("estimate", 1)
@@ -195,11 +272,16 @@ def wire(gr, app, ui, ws, state, followers: list) -> None:
         return memory_html(fill_config(values, ws)[0])
 
     for name in ESTIMATE_FIELDS:
-        ui.fields[name].change(on_estimate, inputs, ui.estimate)
-    app.load(on_estimate, inputs, ui.estimate)
-    ui.start_btn.click(start_handler(gr, ui, ws, state), inputs, [ui.status, ui.progress, ui.done, ui.timer])
-    ui.timer.tick(tick_handler(gr, state, len(followers)), None,
+        ui.fields[name].change(on_estimate, inputs + [lang], ui.estimate)
+    app.load(on_estimate, inputs + [lang], ui.estimate)
+    ui.start_btn.click(start_handler(gr, ui, ws, state), inputs + [lang],
+                       [ui.status, ui.progress, ui.done, ui.timer, ui.command])
+    ui.timer.tick(tick_handler(gr, state, len(followers)), [lang],
                   [ui.status, ui.progress, ui.plot, ui.log, ui.done, *followers, ui.timer])
-    ui.stop_btn.click(stop_handler(state), None, ui.status)
+    ui.stop_btn.click(stop_handler(state), [lang], ui.status)
+    on_preview, on_save, on_load = settings_handlers(ui, ws)
+    ui.preview_btn.click(on_preview, inputs + [lang], [ui.status, ui.command])
+    ui.save_btn.click(on_save, [ui.settings_path, *inputs, lang], [ui.status, ui.command])
+    ui.load_btn.click(on_load, [ui.settings_path, lang], [ui.status, ui.command, *inputs])
     # a page opened (or reloaded) while a run is going follows it
     app.load(lambda: gr.Timer(active=bool(state["job"] and state["job"].running)), None, ui.timer)

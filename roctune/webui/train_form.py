@@ -1,5 +1,6 @@
 """The Train panel's form, generated from the settings declared in roctune.config: one component per setting
-(choices: dropdown, several for a list, bools: checkbox, numbers: number box with the declared bounds, lists and text: text box),
+(choices: dropdown, several for a list, bools: checkbox, numbers: number box with the declared bounds, lists and text: text box;
+datasets, base model and adapter: dropdowns of the workspace's files, models and runs),
 and the way back from the form's values to a checked TrainConfig. The checks are the CLI's own
 (`TrainConfig.validate`, `rundir.check_new_output`), so the page shows the exact line `roctune train` prints."""
 from __future__ import annotations
@@ -24,24 +25,50 @@ def elem_id(name: str) -> str:
     return "rt-train-" + name.replace("_", "-")
 
 
+PICKS = {"data": "datasets", "eval_data": "datasets", "model": "models", "adapter": "runs"}  # lists to pick from
+
+
 def component(gr, spec: dict, value: Any = None, **extra):
     """The Gradio component for one setting. Inclusive bounds (ge, le) become the number box's min/max; the
-    exclusive ones (gt, lt) are left to `validate`, which shows the CLI's message for them."""
+    exclusive ones (gt, lt) are left to `validate`, which shows the CLI's message for them. Datasets, the base
+    model and the adapter are dropdowns of what the workspace holds (free text still allowed; `PICKS` names the
+    list, filled in by the page). A default that means "not set" shows as an empty box."""
     name, kind, default = spec["name"], spec["kind"], spec["default"]
     kw = dict(label=name.replace("_", " "), info=spec["help"], elem_id=elem_id(name), **extra)
     value = default if value is None else value
+    if name in PICKS:
+        multi = kind == "list"
+        return gr.Dropdown([], value=value if multi else (value or None), multiselect=multi, allow_custom_value=True,
+                           **kw)
     if spec["choices"]:  # a list with choices (report_to) picks several
         return gr.Dropdown(list(spec["choices"]), value=value, multiselect=kind == "list", **kw)
     if kind == "bool":
         return gr.Checkbox(value=bool(value), **kw)
     if kind in ("int", "float"):
         b = spec["bounds"]
-        return gr.Number(value=value, precision=0 if kind == "int" else None, minimum=b.get("ge"),
+        shown = None if spec.get("unset") is not None and value == spec["unset"] else value
+        return gr.Number(value=shown, precision=0 if kind == "int" else None, minimum=b.get("ge"),
                          maximum=b.get("le"), **kw)
     if kind == "list":
-        sep = "\n" if name in REPEAT_LISTS else " "
-        return gr.Textbox(value=value if callable(value) else sep.join(value), lines=1, **kw)
+        return gr.Textbox(value=value if callable(value) else " ".join(value), lines=1, **kw)
     return gr.Textbox(value=value if callable(value) else (value or ""), **kw)
+
+
+def form_values(cfg, names: list[str]) -> list:
+    """The form's values for `cfg` (settings loaded from a file), in the order of `names`."""
+    specs = {s["name"]: s for s in form_specs()}
+    out = []
+    for name in names:
+        spec, value = specs[name], getattr(cfg, name)
+        if name in PICKS:
+            out.append(value if spec["kind"] == "list" else (value or None))
+        elif spec["kind"] == "list" and not spec["choices"]:
+            out.append(" ".join(value))
+        elif spec["kind"] in ("int", "float") and spec.get("unset") is not None and value == spec["unset"]:
+            out.append(None)
+        else:
+            out.append("" if value is None else value)
+    return out
 
 
 def _value(spec: dict, raw: Any, ws) -> Any:

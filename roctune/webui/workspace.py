@@ -2,7 +2,8 @@
 
 The page has no login of its own and every handler can be called over Gradio's HTTP API, so a path typed into
 the page (data, run and adapter directories, merge and scrub outputs, a local model) is resolved, symlinks and
-`..` included, and refused unless it lies inside the root (`roctune webui --root DIR`, default: the folder the
+`..` included, and refused unless it lies inside the root (a base model may also come from $ROCTUNE_HOME/models,
+where roctune keeps models; the page only reads those) (`roctune webui --root DIR`, default: the folder the
 server was started in). Handlers then use the resolved path, never the text they were given. What a path
 leads to is checked too: the files a LLaMA-Factory `dataset_info.json` names, and the base model an adapter's
 run.yaml names. A hub id (org/name) is looked up only in the hub cache, never as a folder beside the server.
@@ -80,8 +81,14 @@ class Workspace:
         text = (text or "").strip()
         if not text:
             return None
+        from roctune.models import DEFAULT_MODEL
+
+        if text == DEFAULT_MODEL:
+            return None  # the bundled model as the page lists it: as when --model is left out
         local = (os.path.isabs(text) or text.startswith((".", "~"))
                  or os.path.lexists(os.path.join(self.root, text)))
+        if local and self.in_model_store(text):
+            return os.path.realpath(os.path.expanduser(text))
         if local:
             return self.path(text, what)
         if os.path.lexists(text):  # resolve_model would take this folder beside the server for the hub id
@@ -90,6 +97,14 @@ class Workspace:
                                   f"outside the workspace {self.root}; give a model folder inside the workspace")
             return self.path(os.path.realpath(text), what)
         return text
+
+    def in_model_store(self, text: str) -> bool:
+        """A folder in $ROCTUNE_HOME/models, where roctune keeps models (read, never written, by the page)."""
+        from roctune.models import roctune_home
+
+        store = os.path.realpath(os.path.join(roctune_home(), "models"))
+        real = os.path.realpath(os.path.expanduser(text))
+        return os.path.isabs(os.path.expanduser(text)) and os.path.commonpath([store, real]) == store
 
     def adapter(self, text: str, what: str = "--adapter") -> str:
         """An adapter or run directory inside the root whose base model (from its run.yaml or adapter config) is

@@ -1,0 +1,244 @@
+"""The page in English and Chinese: a switch at the top of the page, remembered in the browser (localStorage, through
+gr.BrowserState), changes every label, help text, button, heading and status message.
+
+Texts are written in English where the component is made; `ZH` gives the Chinese of each, keyed by that English
+(the settings' own Chinese labels and help texts come from roctune.config, declared beside the English ones). A
+handler learns the session's language from a gr.State input (`Lang`), which is not part of the HTTP API, and
+`t()` translates its messages while it runs. The CLI's error lines stay as the CLI prints them (the library speaks
+English), with a Chinese lead-in on a Chinese page.
+
+Why not gr.I18n: Gradio translates those keys in the browser by the browser's locale and only for the labels it
+renders itself; it cannot be switched and remembered from the page, and the status boxes and tables the handlers
+return (HTML made on the server) would stay English.
+"""
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+
+LANGS = {"English": "en", "中文": "zh"}
+STORAGE_KEY = "roctune-language"
+
+
+class Lang(str):
+    """The language of a session as a handler input: a str that says it is one, so `guard` can tell it from the
+    text inputs before it."""
+
+
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("roctune_webui_lang", default="en")
+
+
+def current() -> str:
+    return _current.get()
+
+
+@contextmanager
+def language(lang: str | None):
+    """Handlers run their body inside this: `t()` then speaks `lang`."""
+    token = _current.set("zh" if lang == "zh" else "en")
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def t(text: str, **kw) -> str:
+    """`text` (English, with {placeholders}) in the current language, filled in with `kw`."""
+    out = catalog().get(text, text) if current() == "zh" else text
+    return out.format(**kw) if kw else out
+
+
+def tr(text: str, lang: str) -> str:
+    with language(lang):
+        return t(text)
+
+
+_CATALOG: dict[str, str] = {}
+
+
+def catalog() -> dict[str, str]:
+    """English -> Chinese: the page's texts and every setting's label, help and group title."""
+    if not _CATALOG:
+        from roctune import config
+
+        _CATALOG.update(ZH)
+        for s in config.form_fields():
+            _CATALOG.setdefault(s["name"].replace("_", " "), s["label_zh"])
+            _CATALOG.setdefault(s["help"], s["help_zh"])
+        for group, title in config.GROUP_TITLES.items():
+            _CATALOG.setdefault(title, config.GROUP_TITLES_ZH[group])
+    return _CATALOG
+
+
+# ------------------------------------------------------------------------------------- the page's components
+TEXT_PROPS = ("label", "info", "placeholder")
+VALUE_KINDS = ("Button", "Markdown")  # their value is their text
+
+
+def texts_of(block) -> dict[str, str]:
+    """The English texts of a component as made ({prop: text}); a Markdown with values in it carries its
+    template in `_rt_template` (text, kwargs)."""
+    out = {p: getattr(block, p) for p in TEXT_PROPS if isinstance(getattr(block, p, None), str)
+           and getattr(block, p)}
+    if type(block).__name__ in VALUE_KINDS and isinstance(getattr(block, "value", None), str):
+        out["value"] = block.value
+    if type(block).__name__ == "LinePlot" and isinstance(getattr(block, "title", None), str):
+        out["title"] = block.title
+    return out
+
+
+def translatable(app) -> list:
+    """[(component, {prop: English})] of every component of `app` with a text to translate."""
+    out = []
+    for block in app.blocks.values():
+        texts = texts_of(block)
+        if texts:
+            out.append((block, texts))
+    return out
+
+
+def updates(gr, items: list, lang: str) -> list:
+    """One gr.update per component of `translatable`, with its texts in `lang`."""
+    out = []
+    with language(lang):
+        for block, texts in items:
+            template = getattr(block, "_rt_template", None)
+            new = {p: t(v) for p, v in texts.items()}
+            if template:
+                new["value"] = t(template[0], **template[1])
+            out.append(gr.update(**new))
+    return out
+
+
+def missing(app) -> list[str]:
+    """English texts of the page with no Chinese (empty when the page is fully translated)."""
+    have = catalog()
+    out = []
+    for block, texts in translatable(app):
+        template = getattr(block, "_rt_template", None)
+        for prop, text in texts.items():
+            key = template[0] if template and prop == "value" else text
+            if key not in have and key not in SAME:
+                out.append(key)
+    return sorted(set(out))
+
+
+# Texts that read the same in both languages (names of things).
+SAME = {"LoRA alpha", "LoRA dropout", "beta", "quant", "dtype"}
+
+ZH: dict[str, str] = {
+    # the page
+    "## roctune: LoRA fine-tuning on AMD (ROCm), NVIDIA (CUDA) and the CPU":
+        "## roctune：在 AMD（ROCm）、NVIDIA（CUDA）和 CPU 上做 LoRA 微调",
+    "workspace: `{root}` (the page reads and writes only inside it)": "工作区：`{root}`（页面只在其中读写）",
+    "language": "语言",
+    "Doctor": "环境检查", "Data": "数据", "Train": "训练", "Runs": "运行记录", "Chat": "对话", "Eval": "评估",
+    "Export": "导出",
+    # doctor
+    "What this machine can do for training (`roctune doctor`), with the fix for each problem.":
+        "这台机器能做什么样的训练（`roctune doctor`），每个问题都附带修复方法。",
+    "Run the checks again": "重新检查",
+    "checking...": "检查中……",
+    "check": "检查项", "level": "级别", "finding (why, fix)": "结果（原因、修复）", "fix:": "修复：",
+    "torch {version} ({backend}); GPUs: {gpus}; verdict:": "torch {version}（{backend}）；GPU：{gpus}；结论：",
+    "none found": "未找到",
+    # data
+    "dataset path(s), one per line": "数据集路径，每行一个",
+    "dataset (pick from the workspace or type a path)": "数据集（从工作区中选择，或输入路径）",
+    "data/train.jsonl (.jsonl, .json, .csv, .tsv, .parquet)": "data/train.jsonl（.jsonl、.json、.csv、.tsv、.parquet）",
+    "or upload a file": "或上传文件",
+    "Preview": "预览", "Run checks": "运行检查", "records": "记录",
+    "token lengths vs max length (0: skip)": "与最大长度比较 token 长度（0：跳过）",
+    "record number (from 0)": "记录编号（从 0 开始）",
+    "Show what training learns from it": "显示训练从中学习的内容",
+    "PII scrub (phone numbers, ID and bank cards, e-mails, IPs)": "隐私脱敏（手机号、身份证和银行卡号、邮箱、IP）",
+    "types (none ticked: all)": "类型（都不勾选：全部）",
+    "write the scrubbed copy to": "脱敏副本写到",
+    "default: <input>.scrubbed.<ext>": "默认：<输入>.scrubbed.<扩展名>",
+    "Scrub": "脱敏", "Use this dataset in the Train panel": "在训练页使用此数据集",
+    "Refresh the lists": "刷新列表", "↻": "↻",
+    "uploaded into the workspace: {path}": "已上传到工作区：{path}",
+    "first {n} record(s) of {paths}": "{paths} 的前 {n} 条记录",
+    "learned text highlighted, context dimmed": "高亮的是训练学习的文本，灰色的是上下文",
+    "checked": "检查完成",
+    "scrubbed copy written to {path}": "脱敏副本已写到 {path}",
+    "no dataset: pick a file, upload one or type its path": "没有数据集：请选择、上传或输入一个文件路径",
+    "scrub takes one input file; pick exactly one dataset": "脱敏只接受一个输入文件；请只选择一个数据集",
+    "{tokens} tokens, {learned} learned": "{tokens} 个 token，其中 {learned} 个参与学习",
+    "learned": "学习", "context": "上下文",
+    "where": "位置", "prompt": "提示", "answer": "回答",
+    # train
+    "Start training": "开始训练", "Stop": "停止", "training loss": "训练损失",
+    "run directory when done": "完成后的运行目录", "log": "日志",
+    "Preview command": "预览命令", "Save settings": "保存设置", "Load settings": "加载设置",
+    "settings file (YAML, in the workspace)": "设置文件（YAML，在工作区内）",
+    "the command and settings file for this form": "此表单对应的命令和设置文件",
+    "off: start the server with `roctune webui --trust-remote-code` to allow a model's own code":
+        "关闭：用 `roctune webui --trust-remote-code` 启动服务才允许运行模型自带的代码",
+    "a training run is already going; stop it first": "已有训练在进行；请先停止它",
+    "started: {command}": "已开始：{command}",
+    "starting...": "启动中……",
+    "starting: loading the model and tokenizing the data...": "启动中：正在加载模型并分词……",
+    "done: adapter saved to {path}": "完成：适配器已保存到 {path}",
+    "stopped at step {step}; the unfinished run is in {path}": "已在第 {step} 步停止；未完成的运行在 {path}",
+    "no training run is going": "没有正在进行的训练",
+    "stopping...": "正在停止……",
+    "running: {phase}": "运行中：{phase}",
+    "starting": "启动中", "tokenizing the data": "正在分词", "loading the model": "正在加载模型",
+    "training": "训练中", "evaluating": "评估中", "saving the final model": "正在保存最终模型",
+    "done": "完成", "failed": "失败", "stopped": "已停止", "running": "运行中",
+    "step {step}/{total}": "第 {step}/{total} 步", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
+    "{n} tokens/s": "{n} token/秒", "ETA {eta}": "剩余 {eta}",
+    "settings saved to {path}": "设置已保存到 {path}",
+    "settings loaded from {path}": "已从 {path} 加载设置",
+    "unset": "未设置",
+    "estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "
+    "{params} parameters trained).":
+        "估计峰值内存：<b>{total}</b>，设备 {device}（{dtype}，批大小 {batch} x {length} 个 token，训练 {params} 个参数中"
+        "的 {trained} 个）。",
+    "fits {where} ({avail})": "在 {where} 内（{avail}）放得下",
+    "does not fit {where} ({avail}): lower the max length or batch size (`roctune estimate --suggest`)":
+        "超出 {where}（{avail}）：请降低最大长度或批大小（`roctune estimate --suggest`）",
+    "breakdown": "明细", "system RAM": "系统内存", "the GPU": "GPU",
+    # runs
+    "Every run in the workspace, newest first.": "工作区中的所有运行，最新的在前。",
+    "run": "运行", "status": "状态", "steps": "步数", "last loss": "最后损失", "eval loss": "评估损失",
+    "method": "方法", "model": "模型", "updated": "更新时间",
+    "compare two runs": "比较两次运行", "first run": "第一个运行", "second run": "第二个运行",
+    "runs": "运行", "checkpoint": "检查点",
+    "{n} run(s) in {root}": "{root} 中有 {n} 个运行",
+    "loss of {run}": "{run} 的损失",
+    # chat
+    "adapter (a run directory; empty: the base model alone)": "适配器（运行目录；留空：只用基础模型）",
+    "base model (default: the one the adapter was trained on)": "基础模型（默认：适配器训练时所用的模型）",
+    "side by side: base vs fine-tuned": "并排对比：基础模型与微调后",
+    "max new tokens": "最大新 token 数", "temperature (0: greedy)": "温度（0：贪心）",
+    "base model": "基础模型", "fine-tuned": "微调后",
+    "type a message and press Enter": "输入消息后按回车",
+    "Send": "发送", "Clear": "清空",
+    "type a message first": "请先输入消息",
+    "{who}: answered in {s}s": "{who}：用时 {s} 秒回答",
+    # eval
+    "Is the fine-tune better than its base model on held-out data? Loss and perplexity (as training computes "
+    "them), BLEU-4, ROUGE and exact match of greedy answers (`roctune eval`).":
+        "在留出数据上，微调后的模型是否比基础模型更好？损失和困惑度（与训练的算法相同）、贪心回答的 BLEU-4、ROUGE "
+        "和完全匹配（`roctune eval`）。",
+    "adapter (run directory)": "适配器（运行目录）",
+    "held-out data (one path per line)": "留出数据（每行一个路径）",
+    "report folder (default: RUN/eval)": "报告目录（默认：运行目录/eval）",
+    "Evaluate": "评估", "Show the last report": "显示上次的报告",
+    "report from {path}": "来自 {path} 的报告",
+    # export
+    "Merge the adapter into its base model and save a plain transformers model (`roctune merge`).":
+        "把适配器合并进基础模型，保存为普通的 transformers 模型（`roctune merge`）。",
+    "save the merged model to": "合并后的模型保存到", "overwrite": "覆盖",
+    "Merge and save": "合并并保存",
+    "Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, read back and compared with the "
+    "merged model (`roctune export`).":
+        "导出供 llama.cpp 和 Ollama 使用的 GGUF 文件，附带 Modelfile 和 DEPLOY.md，并读回与合并后的模型比较"
+        "（`roctune export`）。",
+    "export folder": "导出目录", "name (Ollama)": "名称（Ollama）", "check after writing": "写完后检查",
+    "Export GGUF": "导出 GGUF",
+    # errors
+    "error: {line}": "出错：{line}",
+}
