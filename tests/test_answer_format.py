@@ -62,7 +62,7 @@ def test_text_that_is_not_a_call_stays_content():
 
 
 def test_reasoning_when_the_prompt_opened_the_think_block():
-    assert parse_answer("plan\n</think>\n\nanswer", None, in_think=True) == ("plan\n", "answer", [])
+    assert parse_answer("\nplan\n</think>\n\nanswer", None, in_think=True) == ("plan", "answer", [])
     assert _merged(_stream("plan</think>answer", None, 1, in_think=True)) == ("plan", "answer", [])
     # an unclosed block (cut by max_tokens) is all reasoning
     assert parse_answer("<think>still thinking", None) == ("still thinking", "", [])

@@ -127,6 +127,7 @@ class AnswerParser:
         self.mode = "think" if in_think else ("start" if reasoning else "content")
         self.seen_content = False
         self.hold_space = False
+        self.seen_reasoning = False
 
     def feed(self, delta: str) -> list[tuple]:
         self.buf += delta
@@ -155,13 +156,21 @@ class AnswerParser:
         return []
 
     def _think(self, final: bool):
+        """Reasoning up to </think>, without the whitespace around it (training writes `<think>\n...\n</think>`)."""
+        if not self.seen_reasoning:
+            self.buf = self.buf.lstrip()
         at = self.buf.find(THINK_CLOSE)
         if at >= 0:
-            text, self.buf, self.mode = self.buf[:at], self.buf[at + len(THINK_CLOSE):], "content"
+            text, self.buf, self.mode = self.buf[:at].rstrip(), self.buf[at + len(THINK_CLOSE):], "content"
             self.hold_space = True
             return [("reasoning", text)]
-        keep = 0 if final else _held_tail(self.buf, [THINK_CLOSE])
+        keep = 0
+        if not final:  # hold a tail that may grow into </think>, and the whitespace before it
+            keep = _held_tail(self.buf, [THINK_CLOSE])
+            rest = self.buf[:len(self.buf) - keep]
+            keep += len(rest) - len(rest.rstrip())
         text, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        self.seen_reasoning = self.seen_reasoning or bool(text)
         return [("reasoning", text)] if text else None
 
     def _content(self, final: bool):
