@@ -415,6 +415,16 @@ def base_model(run_dir: str) -> str | None:
         return None
 
 
+def tool_format(run_dir: str) -> str | None:
+    """The tool-call format (roctune.data.answer_format) a run's chat template wrote calls in while it trained;
+    None when run.yaml does not say (older runs, plain PEFT adapters)."""
+    try:
+        value = read_run(run_dir).get("tool_format")
+    except RoctuneError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def method(run_dir: str) -> str:
     """The method a run directory was trained with ("lora" when unknown)."""
     if is_run_dir(run_dir):

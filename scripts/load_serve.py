@@ -50,13 +50,17 @@ def post(url: str, body: dict, key: str | None, timeout: float) -> dict:
         return json.load(r)
 
 
-def wait_healthy(url: str, proc, deadline: float) -> list[str]:
+def wait_healthy(url: str, proc, deadline: float, key: str | None) -> list[str]:
+    """The server's model names, once it answers /health (which names them only to the key holder)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             sys.exit(f"load_serve: the server exited with code {proc.returncode}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(url + "/health", headers=headers), timeout=5) as r:
                 h = json.load(r)
+                if "model" not in h:
+                    sys.exit("load_serve: /health did not name the models: pass the server's key with --api-key")
                 return [h["model"]] + h["adapters"]
         except (urllib.error.URLError, ConnectionError, OSError):
             time.sleep(0.5)
@@ -100,7 +104,7 @@ def main() -> int:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
     try:
-        models = wait_healthy(url, proc, deadline)
+        models = wait_healthy(url, proc, deadline, args.api_key)
         chosen = models if args.mix else models[:1]
         jobs = [(chosen[i % len(chosen)], PROMPTS[i % len(PROMPTS)]) for i in range(args.requests)]
 

@@ -1,6 +1,7 @@
 """Tool-calling and reasoning conversations: every layout that carries them is read, rendered (the model's template
 when it handles tools, the documented fallback otherwise) and masked so that the calls and answers are learned and
 the tool list and tool results never are; `roctune data preview` shows exactly that; the reasoning switch."""
+import copy
 import json
 
 import pytest
@@ -181,6 +182,24 @@ def test_train_a_few_steps_on_tool_calls(tmp_path, default_model_dir):
                       batch_size=1, grad_accum=1, max_length=320, device="cpu", data_cache=False)
     summary = train(cfg, log=lambda s: None, progress=False)
     assert summary["steps"] == 2 and summary["final_loss"] == summary["final_loss"]  # ran, loss not NaN
+    # the tool format the calls were written in is recorded, for serve to parse them the same way
+    from roctune import rundir
+
+    assert rundir.tool_format(cfg.output) == "hermes" and rundir.read_run(cfg.output)["tool_format"] == "hermes"
+
+
+def test_tool_format_is_what_the_template_writes(tokenizer):
+    from roctune.data.render import detect_tool_format
+
+    assert detect_tool_format(tokenizer) == "hermes"  # no tools in its template: roctune's fallback
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TOOL_TEMPLATE
+    assert detect_tool_format(tok) == "hermes"
+    tok.chat_template = TOOL_TEMPLATE.replace("<tool_call>", "<call>").replace("</tool_call>", "</call>")
+    assert detect_tool_format(tok) is None  # a format roctune cannot parse
+    tok.chat_template = TOOL_TEMPLATE.replace("<tool_call>\n{\"name\"", "{\"name\"").replace(
+        "\"arguments\": ", "\"parameters\": ").replace("}\n</tool_call>", "}")
+    assert detect_tool_format(tok) == "llama3_json"
 
 
 def test_web_ui_data_panel_shows_the_same_preview(tmp_path):

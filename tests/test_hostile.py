@@ -388,6 +388,7 @@ CASES = {
         ("threads-negative", "serve --threads -1", "--threads"),
         ("adapter-root-missing", "serve --adapter-root nowhere", "--adapter-root"),
         ("adapter-spec", "serve --adapter nodir", "--adapter"),
+        ("host-without-key", "serve --host 0.0.0.0", "--host 0.0.0.0"),
     ],
     "webui": [
         ("port-0", "webui --port 0", "--port"),

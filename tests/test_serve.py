@@ -147,6 +147,8 @@ def test_models_and_health(server, client):
     assert ids == [DEFAULT_MODEL, "fruit", "peak"]
     assert client.models.retrieve("peak").id == "peak"
     status, body = http(server, "GET", "/health", key=None)
+    assert status == 200 and body == {"status": "ok"}  # no names without the key
+    status, body = http(server, "GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["adapters"] == ["fruit", "peak"]
     assert server[0].startswith("http://127.0.0.1:")
 

@@ -1,6 +1,7 @@
 """`roctune serve`: an OpenAI-compatible API (chat/completions, completions, models) for a base model and
-its LoRA adapters, with concurrent requests batched together. Binds to 127.0.0.1 unless --host says otherwise.
-The API key comes from --api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it."""
+its LoRA adapters, with concurrent requests batched together. Binds to 127.0.0.1 unless --host says otherwise;
+any other address needs an API key, or --allow-no-key to serve it open on purpose. The API key comes from
+--api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it."""
 from __future__ import annotations
 
 import os
@@ -19,6 +20,9 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' (default: $ROCTUNE_API_KEY)")
+    p.add_argument("--allow-no-key", action="store_true",
+                   help="serve a non-loopback --host without an API key (refused otherwise: anyone who can reach "
+                   "the port could use the model)")
     p.add_argument("--adapter-root", metavar="DIR",
                    help="admin endpoints may load adapters from folders under DIR (and nowhere else)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default 8)")
@@ -38,6 +42,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
+    from roctune.serve.server import check_host, is_loopback, uvicorn_config
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: expected 0-65535")
@@ -50,11 +55,12 @@ def run(args) -> int:
     if root is not None and not os.path.isdir(root):
         raise ConfigError(f"--adapter-root {root}: no such directory")
     api_key = args.api_key or os.environ.get("ROCTUNE_API_KEY") or None
+    check_host(args.host, api_key, args.allow_no_key)
     adapters = parse_adapter_specs(args.adapter)
     sock = bind_socket(args.host, args.port)  # fail fast on a busy port, before loading the model
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"roctune serve: warning: listening on {args.host} without an API key; anyone who can reach "
-              "this port can use the model (set --api-key or ROCTUNE_API_KEY)", file=sys.stderr)
+    if not is_loopback(args.host) and not api_key:
+        print(f"roctune serve: warning: listening on {args.host} without an API key (--allow-no-key); anyone who "
+              "can reach this port can use the model", file=sys.stderr)
     if args.threads:
         import torch
 
@@ -72,7 +78,7 @@ def run(args) -> int:
           flush=True)
     engine.start()
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off")).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app, args.log_level)).run(sockets=[sock])
     finally:
         engine.stop()
         sock.close()

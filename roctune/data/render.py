@@ -3,8 +3,9 @@ with a label mask: labels are -100 on every prompt token and equal to the ids on
 
 Tool calling: when the model's chat template handles tools (it reads `tools` and `tool_calls`, as Qwen2.5's,
 Llama-3.1's and others' do), the conversation and its tool list go to the template as they are. Otherwise they
-are rewritten into plain turns in one fallback format (below: `FALLBACK_TOOLS_PROMPT`), the same for training,
-inference and serving since all of them render through `render_prompt` / `conversation_segments`:
+are rewritten into plain turns in one fallback format (`answer_format.FALLBACK_TOOLS_PROMPT`; answer_format.py
+renders and parses every tool format), the same for training, inference and serving since all of them render
+through `render_prompt` / `conversation_segments`:
 - the tool list is appended to the system turn: the functions as JSON lines inside <tools></tools>, with how to
   call them;
 - an assistant's calls follow its text, one `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` each;
@@ -22,10 +23,11 @@ Nothing here imports torch or transformers: a tokenizer is passed in.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_conversation, render_fallback_calls,
+                                        tool_format_of)
 from roctune.data.formats import parse_tool_calls
 from roctune.errors import DataError
 
@@ -39,15 +41,6 @@ FALLBACK_CHAT_TEMPLATE = (
     "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-# The fallback tool format (Hermes / Qwen2.5 style, so models that know it parse their own calls).
-FALLBACK_TOOLS_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
-    "<args-json-object>}}\n</tool_call>"
-)
-THINK_RE = re.compile(r"<think>(.*?)</think>\s*", re.DOTALL)
 EMPTY_THINK = ("learn", "mask", "drop")
 
 
@@ -98,13 +91,13 @@ def _fallback_tools(messages: list[dict], tools: list[dict] | None) -> list[dict
         m = dict(m)
         calls = m.pop("tool_calls", None)
         if calls:
-            blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n</tool_call>" for c in calls]
+            blocks = render_fallback_calls(calls)
             m["content"] = "\n".join(([m["content"]] if m["content"].strip() else []) + blocks)
         out.append(m)
     for m in out:
         m.pop("_tool", None)
     if tools:
-        prompt = FALLBACK_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        prompt = fallback_tools_prompt(tools)
         if out and out[0]["role"] == "system":
             out[0]["content"] = f"{out[0]['content']}\n\n{prompt}" if out[0]["content"].strip() else prompt
         else:
@@ -225,6 +218,18 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = No
     ensure_chat_template(tokenizer)
     messages, tools = prepare_messages(tokenizer, messages, tools)
     return _render(tokenizer, messages, True, tools)
+
+
+def detect_tool_format(tokenizer) -> str | None:
+    """The tool format this tokenizer's chat template (or roctune's fallback) writes calls in: a name from
+    `answer_format.TOOL_FORMATS`, or None when the template writes them in a way roctune cannot parse."""
+    ensure_chat_template(tokenizer)
+    messages, tools = probe_conversation()
+    try:
+        messages, tools = prepare_messages(tokenizer, messages, tools)
+        return tool_format_of(_render(tokenizer, messages, False, tools))
+    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to parse
+        return None
 
 
 def _answer_segments(text: str, options: RenderOptions) -> list[tuple[str, bool]]:

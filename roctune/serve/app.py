@@ -18,9 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from roctune.serve import completions
 from roctune.serve.adapters import adapter_dir_under, check_adapter_name
 from roctune.serve.errors import ApiError, model_not_found
-from roctune.serve.schemas import Settings, parse_sampling, parse_stream
+from roctune.serve.schemas import Settings, check_fields, parse_sampling, parse_stream
 
 log = logging.getLogger(__name__)
+# A request nests a JSON schema (response_format, tools) a few levels into the body; 64 levels leave room for any
+# real schema while keeping every later step (the chat template's tojson, the grammar compiler) far from Python's
+# recursion limit.
+MAX_JSON_DEPTH = 64
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -42,6 +46,15 @@ async def internal_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # ------------------------------------------------------------------------------------ request helpers
+def authorized(request: Request) -> bool:
+    """Whether the request may see the server's details: it has no key, or the request carries it."""
+    try:
+        authorize(request)
+    except ApiError:
+        return False
+    return True
+
+
 def authorize(request: Request, admin: bool = False) -> None:
     """Check the bearer key (when the server has one); admin endpoints need one to exist at all."""
     settings: Settings = request.app.state.settings
@@ -79,9 +92,26 @@ async def read_json(request: Request) -> dict:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the body is not valid JSON ({e})", code="invalid_json") from None
+    except RecursionError:
+        body = None  # nested past Python's recursion limit: answered below with the depth limit
+    if body is None or json_depth(body) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"the body's JSON is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     return body
+
+
+def json_depth(value) -> int:
+    """How deeply `value` nests lists and objects (walked without recursion, so any depth is safe to measure)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _model_card(name: str, parent: str | None, created: int) -> dict:
@@ -94,7 +124,10 @@ def _adapter_listing(engine) -> dict:
 
 # ------------------------------------------------------------------------------------------- routes
 async def health(request: Request):
+    """Liveness for anyone; the model, adapter names and device only for a caller with the API key."""
     engine = request.app.state.engine
+    if not authorized(request):
+        return {"status": "ok"}
     return {"status": "ok", "model": engine.base_id, "adapters": list(engine.adapters), "device": engine.device,
             "dtype": engine.dtype}
 
@@ -118,12 +151,14 @@ async def _complete(request: Request, chat: bool):
     authorize(request)
     engine, settings = request.app.state.engine, request.app.state.settings
     body = await read_json(request)
+    check_fields(body, chat)
     adapter = completions.pick_adapter(body, engine)
-    ids = completions.prompt_ids(body, engine, chat)
-    sampling = parse_sampling(body, settings, len(ids), engine.context, engine.base_id)
+    # rendering and tokenizing a long chat takes a while (about a second for 900 kB): off the event loop
+    prompt = await run_in_threadpool(completions.prompt_ids, body, engine, chat, adapter)
+    sampling = parse_sampling(body, settings, len(prompt.ids), engine.context, engine.base_id)
     stream, include_usage = parse_stream(body)
-    req, events = completions.submit(engine, ids, adapter, sampling)
-    reply = completions.Reply(chat, body["model"], len(ids), include_usage)
+    req, events = completions.submit(engine, prompt, adapter, sampling)
+    reply = completions.Reply(chat, body["model"], len(prompt.ids), include_usage, prompt)
     if stream:
         return completions.streamed(req, events, reply)
     return await completions.whole(req, events, reply)

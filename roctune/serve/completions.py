@@ -1,16 +1,21 @@
 """The completion endpoints' work after the request is read: which model, the prompt's token ids, handing a
-`GenRequest` to the engine, and the answer in OpenAI's shape, whole (JSON) or streamed (server-sent events)."""
+`GenRequest` to the engine (with the grammar a response_format or forced tool call sets), and the answer in
+OpenAI's shape, whole (JSON) or streamed (server-sent events), with reasoning_content and tool_calls split off."""
 
 import asyncio
 import json
 import time
 import uuid
 
+from dataclasses import dataclass
+
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from roctune.data.answer_format import THINK_OPEN, AnswerParser
+from roctune.serve.constrain import json_grammar, tool_call_grammar
 from roctune.serve.decode import GenRequest
 from roctune.serve.errors import bad_field, model_not_found
-from roctune.serve.schemas import Sampling, parse_messages, parse_prompt
+from roctune.serve.schemas import Sampling, parse_chat_options, parse_messages, parse_prompt
 
 
 def pick_adapter(body: dict, engine) -> str | None:
@@ -23,25 +28,64 @@ def pick_adapter(body: dict, engine) -> str | None:
     return None if name == engine.base_id else name
 
 
-def prompt_ids(body: dict, engine, chat: bool) -> list[int]:
-    """The token ids of the request's prompt: its messages (chat), or its prompt as one user turn or raw."""
-    if chat:
-        ids = engine.encode_chat(parse_messages(body.get("messages")))
-    else:
+@dataclass
+class Prompt:
+    """A request's prompt and what shapes its answer: token ids, the tool format to parse calls in (None: no
+    calls parsed), whether the prompt ends inside an open <think> block, and the grammar the answer must follow."""
+
+    ids: list[int]
+    tool_format: str | None = None
+    in_think: bool = False
+    constraint: object = None
+    parallel: bool = True
+
+
+def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None) -> Prompt:
+    """The request's prompt: its messages and tools (chat), or its prompt as one user turn or raw. Run in a
+    worker thread: rendering, tokenizing and compiling a grammar may take a while."""
+    if not chat:
         prompt, raw = parse_prompt(body)
         ids = engine.encode_raw(prompt) if raw else engine.encode_chat([{"role": "user", "content": prompt}])
+        if not ids:
+            raise bad_field("prompt", "the prompt is empty")
+        return Prompt(ids)
+    opts = parse_chat_options(body)
+    messages = parse_messages(body.get("messages"))
+    fmt = engine.tool_format(adapter) if opts.tools else None
+    if opts.tools and fmt is None:
+        raise bad_field("tools", f"model {body['model']!r}: its chat template writes tool calls in a format roctune "
+                        "cannot parse; use a model whose template writes <tool_call> blocks, or one without tools "
+                        "in its template (roctune's fallback format is then used)", code="tools_unsupported")
+    text = engine.render_chat(messages, opts.tools)
+    ids = engine.tokenize(text)
     if not ids:
-        raise bad_field("prompt", "the prompt is empty")
-    return ids
+        raise bad_field("messages", "the prompt is empty")
+    constraint = None
+    if opts.schema is not None:
+        constraint = engine.grammars.matcher(json_grammar(opts.schema), "response_format")
+    elif opts.tool_choice == "required" or opts.forced_function:
+        grammar = tool_call_grammar(opts.tools, opts.forced_function, fmt, opts.parallel)
+        constraint = engine.grammars.matcher(grammar, "tool_choice")
+    return Prompt(ids, fmt, text.rstrip().endswith(THINK_OPEN), constraint, opts.parallel)
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 class Reply:
-    """The OpenAI payloads of one completion: the whole response, stream chunks, usage."""
+    """The OpenAI payloads of one completion: the whole response, stream chunks, usage. A chat answer is split
+    into reasoning, content and tool calls by `AnswerParser` (roctune.data.answer_format), whole or as it
+    streams; calls are answered with finish_reason "tool_calls" and their arguments as a JSON string."""
 
-    def __init__(self, chat: bool, model: str, n_prompt: int, include_usage: bool):
+    def __init__(self, chat: bool, model: str, n_prompt: int, include_usage: bool, prompt: Prompt | None = None):
         self.chat, self.model, self.n_prompt, self.include_usage = chat, model, n_prompt, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        prompt = prompt or Prompt([])
+        self.parser = AnswerParser(prompt.tool_format, prompt.in_think) if chat else None
+        self.parallel = prompt.parallel
+        self.n_calls = 0
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -49,10 +93,30 @@ class Reply:
     def usage(self, n: int) -> dict:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
 
+    def _reason(self, reason: str) -> str:
+        return "tool_calls" if self.n_calls else reason
+
+    def _message(self, text: str) -> dict:
+        events = self.parser.feed(text) + self.parser.finish()
+        calls = [e[1] for e in events if e[0] == "tool_call"][:None if self.parallel else 1]
+        self.n_calls = len(calls)
+        content = "".join(e[1] for e in events if e[0] == "content")
+        message = {"role": "assistant", "content": content.strip() if calls else content}
+        if calls:
+            message["content"] = message["content"] or None
+            message["tool_calls"] = [{"id": _call_id(), "type": "function", "function": {
+                "name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}} for c in calls]
+        reasoning = [e[1] for e in events if e[0] == "reasoning"]
+        if reasoning:
+            message["reasoning_content"] = "".join(reasoning)
+        return message
+
     def response(self, text: str, reason: str, n: int) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                   "logprobs": None} if self.chat
-                  else {"index": 0, "text": text, "finish_reason": reason, "logprobs": None})
+        if self.chat:
+            message = self._message(text)
+            choice = {"index": 0, "message": message, "finish_reason": self._reason(reason), "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": self.usage(n)}
 
@@ -60,22 +124,50 @@ class Reply:
     def _chunk_obj(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def chunk(self, delta: str | None, reason: str | None = None, first: bool = False) -> str:
-        if self.chat:
-            d = {"role": "assistant", "content": ""} if first else ({"content": delta} if delta else {})
-            choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+    def _sse(self, choice: dict) -> str:
         payload = {**self._head(self._chunk_obj), "choices": [choice]}
         if self.include_usage:
             payload["usage"] = None
         return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
+    def _delta(self, delta: dict, reason: str | None = None) -> str:
+        return self._sse({"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None})
+
+    def first_chunk(self) -> str:
+        return self._delta({"role": "assistant", "content": ""})
+
+    def _event_chunks(self, events: list[tuple]) -> list[str]:
+        out = []
+        for kind, value in events:
+            if kind == "reasoning":
+                out.append(self._delta({"reasoning_content": value}))
+            elif kind == "content":
+                out.append(self._delta({"content": value}))
+            elif self.parallel or self.n_calls == 0:  # a call: its id and name first, then its arguments
+                k, self.n_calls = self.n_calls, self.n_calls + 1
+                out.append(self._delta({"tool_calls": [{"index": k, "id": _call_id(), "type": "function",
+                                                        "function": {"name": value["name"], "arguments": ""}}]}))
+                args = json.dumps(value["arguments"], ensure_ascii=False)
+                out.append(self._delta({"tool_calls": [{"index": k, "function": {"arguments": args}}]}))
+        return out
+
+    def chunks(self, delta: str) -> list[str]:
+        """The stream chunks for newly generated text (none while a tag or a call block is incomplete)."""
+        if not self.chat:
+            return [self._sse({"index": 0, "text": delta, "finish_reason": None, "logprobs": None})]
+        return self._event_chunks(self.parser.feed(delta))
+
+    def last_chunks(self, reason: str) -> list[str]:
+        if not self.chat:
+            return [self._sse({"index": 0, "text": "", "finish_reason": reason, "logprobs": None})]
+        out = self._event_chunks(self.parser.finish())
+        return out + [self._delta({}, self._reason(reason))]
+
     def usage_chunk(self, n: int) -> str:
         return f"data: {json.dumps({**self._head(self._chunk_obj), 'choices': [], 'usage': self.usage(n)})}\n\n"
 
 
-def submit(engine, ids: list[int], adapter: str | None, sampling: Sampling) -> tuple[GenRequest, asyncio.Queue]:
+def submit(engine, prompt: Prompt, adapter: str | None, sampling: Sampling) -> tuple[GenRequest, asyncio.Queue]:
     """Queue the completion on the engine; its events arrive on the returned asyncio queue."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -83,7 +175,7 @@ def submit(engine, ids: list[int], adapter: str | None, sampling: Sampling) -> t
     def emit(ev: tuple) -> None:
         loop.call_soon_threadsafe(events.put_nowait, ev)
 
-    req = GenRequest(ids, adapter, sampling, emit)
+    req = GenRequest(prompt.ids, adapter, sampling, emit, constraint=prompt.constraint)
     engine.submit(req)
     return req, events
 
@@ -108,16 +200,18 @@ async def whole(req: GenRequest, events: asyncio.Queue, reply: Reply) -> JSONRes
 async def _events_as_sse(req: GenRequest, events: asyncio.Queue, reply: Reply):
     try:
         if reply.chat:
-            yield reply.chunk(None, first=True)
+            yield reply.first_chunk()
         while True:
             ev = await events.get()
             if ev[0] == "text":
-                yield reply.chunk(ev[1])
+                for chunk in reply.chunks(ev[1]):
+                    yield chunk
             elif ev[0] == "error":
                 yield f"data: {json.dumps(ev[1].body())}\n\n"
                 break
             else:
-                yield reply.chunk(None, ev[1])
+                for chunk in reply.last_chunks(ev[1]):
+                    yield chunk
                 if reply.include_usage:
                     yield reply.usage_chunk(ev[2])
                 break

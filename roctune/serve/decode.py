@@ -23,6 +23,7 @@ class GenRequest:
     emit: Callable[[tuple], None]
     cancelled: bool = False
     solo: bool = False
+    constraint: object = None  # a constrain.Constraint the answer must follow (response_format, forced calls)
 
 
 def send(req: GenRequest, ev: tuple) -> None:
@@ -73,6 +74,9 @@ class Row:
     def next_token(self, logits, greedy: int) -> int:
         """This row's next token from its logits (`greedy`: their argmax, taken at temperature 0)."""
         sp = self.sampling
+        if self.req.constraint is not None:
+            logits = self.req.constraint.mask(logits)
+            greedy = int(logits.argmax())
         return greedy if sp.temperature <= 0 else sample(logits, sp.temperature, sp.top_p, self.gen)
 
     def push(self, token: int) -> bool:
@@ -85,6 +89,10 @@ class Row:
         self.ids.append(token)
         text = self.decode(self.ids)
         stop_at = self._stop_at(text)
+        if self.req.constraint is not None:
+            self.req.constraint.consume(token)
+            if self.req.constraint.done:  # the grammar is complete: nothing more may follow
+                stop_at = len(text) if stop_at is None else stop_at
         if stop_at is not None:
             self._send(text, stop_at)
             self.finish("stop", len(self.ids))
@@ -116,10 +124,14 @@ class Row:
 
 
 def sample(logits, temperature: float, top_p: float, gen):
-    """A token drawn from `logits` (one row) at `temperature`, within the top-p nucleus."""
+    """A token drawn from `logits` (one row) at `temperature`, within the top-p nucleus. A temperature so small
+    that the scaled logits overflow (1e-300) is what it tends to: the most likely token."""
     import torch
 
-    probs = torch.softmax(logits / temperature, dim=-1)
+    scaled = logits.float() / temperature
+    if not torch.isfinite(scaled.max()):
+        return int(logits.argmax())
+    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p

@@ -9,6 +9,7 @@ A request that fails inside the engine fails alone: a row whose sampler or token
 with an error and dropped while the others go on, and when a batch's prefill fails as a whole its requests are
 tried again each in a batch of its own, so only the one that fails alone gets the error."""
 
+import copy
 import inspect
 import logging
 import os
@@ -21,6 +22,7 @@ from typing import Callable
 
 from roctune.errors import ConfigError, ModelError
 from roctune.serve.adapters import Adapter, AdapterStack
+from roctune.serve.constrain import Grammars
 from roctune.serve.decode import Batch, GenRequest, Row, advance, cache_joinable, fail, join, keep_rows, left_pad
 from roctune.serve.errors import ApiError, model_not_found
 
@@ -71,6 +73,10 @@ class Engine:
         self.context = int(getattr(base.config, "max_position_embeddings", 0) or 0) or None
         self._init_tokens(base)
         self._tok_lock = threading.Lock()
+        self._decode_tok = copy.deepcopy(self.tokenizer)  # the worker's own (see decode)
+        self._tool_formats: dict[str | None, str | None] = {}
+        n_vocab = base.get_output_embeddings().weight.shape[0]
+        self.grammars = Grammars(self._decode_tok, n_vocab, self.eos_ids)  # llguidance, imported on first use
         self._queue: queue.Queue = queue.Queue()
         self._controls: deque[_Control] = deque()
         self._thread: threading.Thread | None = None
@@ -95,21 +101,39 @@ class Engine:
     def adapters(self) -> dict[str, Adapter]:
         return self.stack.loaded
 
-    # ---- tokenizer (shared by request threads and the worker)
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    # ---- tokenizer: request threads encode (one at a time: a fast tokenizer may not be used by two threads at
+    # once); the worker decodes with a copy of its own, so a long prompt being tokenized never stalls decoding
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         from roctune.data.render import render_prompt
 
+        return render_prompt(self.tokenizer, messages, tools)  # jinja only: needs no lock
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.tokenize(self.render_chat(messages, tools))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt (it holds its special tokens as text already)."""
         with self._tok_lock:
-            text = render_prompt(self.tokenizer, messages)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def tool_format(self, adapter: str | None) -> str | None:
+        """How the model behind `adapter` (None: the base) writes tool calls: what its run recorded in run.yaml
+        while it trained, else what the chat template writes (answer_format)."""
+        from roctune import rundir
+        from roctune.data.render import detect_tool_format
+
+        path = self.adapters[adapter].path if adapter in self.adapters else None
+        if path not in self._tool_formats:
+            recorded = rundir.tool_format(path) if path else None
+            self._tool_formats[path] = recorded or detect_tool_format(self.tokenizer)
+        return self._tool_formats[path]
 
     def encode_raw(self, text: str) -> list[int]:
         with self._tok_lock:
             return self.tokenizer(text, add_special_tokens=True)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
-        with self._tok_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self._decode_tok.decode(ids, skip_special_tokens=True)
 
     # ---- adapters
     def model_ids(self) -> list[str]:

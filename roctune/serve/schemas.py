@@ -5,7 +5,9 @@ input answers 400 (422 for max_tokens over --max-tokens-limit) naming the field,
 finite and in range (NaN and Infinity are refused), integers must be integers, text must be valid Unicode (a
 lone surrogate such as "\\ud800" cannot be tokenized)."""
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from roctune.serve.errors import ApiError, bad_field
@@ -69,6 +71,35 @@ def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None)
     return v
 
 
+# ------------------------------------------------------------------------------------------- which fields
+# The fields each endpoint acts on; anything else is refused (as OpenAI's API refuses an unknown argument), so a
+# client never believes an option took effect when it did not.
+COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
+                 "user"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
+                               "response_format"}
+TEXT_FIELDS = COMMON_FIELDS | {"prompt", "raw"}
+# Options this server does not implement, accepted only at the value that means "off"
+OFF_VALUES = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
+              "frequency_penalty": (None, 0), "logit_bias": (None, {}), "echo": (None, False), "best_of": (None, 1),
+              "suffix": (None, ""), "store": (None, False)}
+
+
+def check_fields(body: dict, chat: bool) -> None:
+    """A 400 naming the first field this endpoint does not know or an option it does not implement."""
+    known = CHAT_FIELDS if chat else TEXT_FIELDS
+    for key, value in body.items():
+        if key in known:
+            continue
+        off = OFF_VALUES.get(key)
+        if off is None:
+            raise bad_field(key, f"field '{key}' is not supported by this server; remove it",
+                            code="unsupported_parameter")
+        if not any(value is v or (value == v and isinstance(value, bool) == isinstance(v, bool)) for v in off):
+            raise bad_field(key, f"field '{key}' is not supported by this server (only {off[1]!r} or null is "
+                            f"accepted; got {value!r}); remove it", code="unsupported_parameter")
+
+
 # ------------------------------------------------------------------------------------------- the prompt
 def _content_text(content, where: str) -> str:
     if isinstance(content, str):
@@ -84,22 +115,52 @@ def _content_text(content, where: str) -> str:
     raise bad_field(where, f"field '{where}' must be a string or a list of text parts")
 
 
+def _assistant_calls(m: dict, i: int) -> list[dict] | None:
+    """An assistant turn's `tool_calls` (OpenAI's shape, arguments a JSON string) in the renderer's shape."""
+    from roctune.data.formats import parse_tool_calls
+    from roctune.errors import DataError
+
+    calls = m.get("tool_calls")
+    if calls is None or calls == []:
+        return None
+    if not isinstance(calls, list):
+        raise bad_field("messages", f"field 'messages[{i}].tool_calls' must be a list of tool calls")
+    try:
+        return parse_tool_calls(calls, f"messages[{i}]", "tool_calls")
+    except DataError as e:
+        raise bad_field("messages", str(e)) from None
+
+
+def _message(m, i: int) -> dict:
+    if not isinstance(m, dict):
+        raise bad_field("messages", f"field 'messages[{i}]' must be an object with 'role' and 'content'")
+    role = m.get("role")
+    role = {"developer": "system"}.get(role, role) if isinstance(role, str) else role
+    if role not in ("system", "user", "assistant", "tool"):
+        raise bad_field("messages", f"field 'messages[{i}].role' is {m.get('role')!r}; expected system, "
+                        "developer, user, assistant or tool")
+    calls = _assistant_calls(m, i) if role == "assistant" else None
+    content = m.get("content")
+    out = {"role": role, "content": "" if content is None and calls else _content_text(content,
+                                                                                       f"messages[{i}].content")}
+    if calls:
+        out["tool_calls"] = calls
+    if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+        out["reasoning_content"] = check_text(m["reasoning_content"], f"messages[{i}].reasoning_content")
+    if role == "tool":
+        out.update({k: check_text(m[k], f"messages[{i}].{k}") for k in ("tool_call_id", "name")
+                    if isinstance(m.get(k), str)})
+    return out
+
+
 def parse_messages(value) -> list[dict]:
-    """The chat turns of `messages` as [{role, content}] with text content; developer turns become system."""
+    """The chat turns of `messages` as the renderer takes them: text content, an assistant's tool calls and
+    reasoning, tool results; developer turns become system."""
     if not isinstance(value, list) or not value:
         raise bad_field("messages", "field 'messages' must be a non-empty list of {role, content} objects")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict):
-            raise bad_field("messages", f"field 'messages[{i}]' must be an object with 'role' and 'content'")
-        role = m.get("role")
-        role = {"developer": "system"}.get(role, role) if isinstance(role, str) else role
-        if role not in ("system", "user", "assistant"):
-            raise bad_field("messages", f"field 'messages[{i}].role' is {m.get('role')!r}; expected system, "
-                            "developer, user or assistant")
-        out.append({"role": role, "content": _content_text(m.get("content"), f"messages[{i}].content")})
+    out = [_message(m, i) for i, m in enumerate(value)]
     if out[-1]["role"] == "assistant":
-        raise bad_field("messages", "the last message is an assistant turn; end with a user message")
+        raise bad_field("messages", "the last message is an assistant turn; end with a user or tool message")
     return out
 
 
@@ -169,3 +230,98 @@ def parse_sampling(body: dict, settings: Settings, n_prompt: int, context: int |
     return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                     top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
                     seed=_integer(body, "seed", lo=0, hi=MAX_SEED))
+
+
+# ------------------------------------------------------------------------------- tools and response_format
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass
+class ChatOptions:
+    """A chat request's tools and output constraints, validated. `tool_choice`: "auto", "none", "required" or
+    the name of the one function to call; `schema`: the JSON schema the answer must follow (response_format)."""
+
+    tools: list[dict] | None = None
+    tool_choice: str = "none"
+    parallel: bool = True
+    schema: dict | None = None
+
+    @property
+    def forced_function(self) -> str | None:
+        return self.tool_choice if self.tool_choice not in ("auto", "none", "required") else None
+
+
+def _tools(value) -> list[dict] | None:
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise bad_field("tools", "field 'tools' must be a list of {\"type\": \"function\", \"function\": {...}}")
+    out, names = [], set()
+    for i, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+            raise bad_field("tools", f"field 'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": "
+                            "...}}}} with a name of 1-64 letters, digits, '_' or '-'")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict) or not isinstance(fn.get("description", ""), str):
+            raise bad_field("tools", f"field 'tools[{i}].function': 'parameters' must be a JSON schema object and "
+                            "'description' a string")
+        if fn["name"] in names:
+            raise bad_field("tools", f"field 'tools[{i}]': the function {fn['name']!r} is listed twice")
+        names.add(fn["name"])
+        check_text(json.dumps(fn, ensure_ascii=False), f"tools[{i}]")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    return out
+
+
+def _tool_choice(value, tools: list[dict] | None) -> str:
+    if value is None:
+        return "auto" if tools else "none"
+    if value in ("auto", "none", "required"):
+        choice = value
+    elif (isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict)
+          and isinstance(value["function"].get("name"), str)):
+        choice = value["function"]["name"]
+    else:
+        raise bad_field("tool_choice", "field 'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice not in ("auto", "none") and not tools:
+        raise bad_field("tool_choice", f"field 'tool_choice' is {value!r} but the request has no 'tools'")
+    if choice not in ("auto", "none", "required") and choice not in names:
+        raise bad_field("tool_choice", f"field 'tool_choice' names {choice!r}, which is not in 'tools' "
+                        f"({', '.join(names)})")
+    return choice
+
+
+def _response_format(value) -> dict | None:
+    """The JSON schema `response_format` asks for (json_object: any object), or None for plain text."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict) or not isinstance(spec.get("name", ""), str):
+            raise bad_field("response_format.json_schema", "field 'response_format.json_schema' must be an object "
+                            "with a 'name' and a 'schema' (a JSON schema object)")
+        return schema
+    raise bad_field("response_format.type", f"field 'response_format.type' is {kind!r}; this server supports "
+                    "\"text\", \"json_object\" and \"json_schema\"")
+
+
+def parse_chat_options(body: dict) -> ChatOptions:
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise bad_field("parallel_tool_calls", "field 'parallel_tool_calls' must be true or false")
+    schema = _response_format(body.get("response_format"))
+    if schema is not None and choice not in ("auto", "none"):
+        raise bad_field("response_format", "field 'response_format' cannot be combined with a tool_choice that "
+                        "forces a call: the answer would have to be both")
+    return ChatOptions(tools if choice != "none" else None, choice, parallel, schema)

@@ -1,11 +1,59 @@
-"""Running the app: `bind_socket` (listen first, so a busy port fails before the model loads) and `ServerThread`,
-uvicorn in a background thread for tests and scripts."""
+"""Running the app: `check_host` (a non-loopback address needs an API key, or --allow-no-key), `bind_socket`
+(listen first, so a busy port fails before the model loads), `uvicorn_config` (uvicorn with `JsonErrorH11`, so
+even a request too malformed for the app, e.g. a bad Content-Length, gets an OpenAI-shaped 400) and
+`ServerThread`, uvicorn in a background thread for tests and scripts."""
 
+import ipaddress
+import json
 import socket
 import threading
 import time
 
 from roctune.errors import ConfigError, RoctuneError
+from roctune.serve.errors import ApiError
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` reaches this machine only (the web UI has the same rule; a component may not import
+    another, so these five lines are repeated rather than shared)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, api_key: str | None, allow_no_key: bool) -> None:
+    """Refuse to serve other machines without an API key unless the user said so (--allow-no-key)."""
+    if not is_loopback(host) and not api_key and not allow_no_key:
+        raise ConfigError(f"--host {host} lets other machines use the model and it has no API key: add --api-key KEY "
+                          "(or set ROCTUNE_API_KEY), keep --host 127.0.0.1, or pass --allow-no-key to serve it open")
+
+
+def _json_400_class():
+    """uvicorn's h11 protocol, answering the requests it cannot parse (bad Content-Length, broken headers) with
+    OpenAI's error shape instead of plain text."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class JsonErrorH11(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(ApiError(400, f"malformed HTTP request: {msg}", code="invalid_http").body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                       (b"content-length", str(len(body)).encode())]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return JsonErrorH11
+
+
+def uvicorn_config(app, log_level: str = "warning"):
+    import uvicorn
+
+    return uvicorn.Config(app, log_level=log_level, lifespan="off", http=_json_400_class())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -37,7 +85,7 @@ class ServerThread:
         self.sock = bind_socket(host, port)
         h, p = self.sock.getsockname()[:2]
         self.url = f"http://{h}:{p}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
+        self.server = uvicorn.Server(uvicorn_config(app, log_level))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> str:

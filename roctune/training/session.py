@@ -26,6 +26,7 @@ class Setup:
     attn: str
     reasons: dict[str, str] = field(default_factory=dict)
     packed: bool = False
+    tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
 
 
 def choose(cfg, base_model: str) -> Setup:
@@ -51,6 +52,7 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     """Preflight, choices, process group, seeds and tokenizer. Returns (setup, dist, tokenizer); `say` is
     silenced on every rank but 0 by the caller's use of `dist.is_main`."""
     from roctune.hardware import preflight
+    from roctune.data.render import detect_tool_format
     from roctune.models import load_tokenizer
 
     for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible
@@ -65,7 +67,9 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    return setup, dist, load_tokenizer(base_model, cfg.trust_remote_code)
+    tokenizer = load_tokenizer(base_model, cfg.trust_remote_code)
+    setup.tool_format = detect_tool_format(tokenizer)
+    return setup, dist, tokenizer
 
 
 def phase(cfg, dist: Context, name: str) -> None:
@@ -166,6 +170,7 @@ def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: in
         "config": resolved,
         "resolved": {"device": setup.device, "dtype": setup.dtype, "attn": setup.attn,
                      "packed": setup.packed, "reasons": setup.reasons, "processes": world_size},
+        "tool_format": setup.tool_format,
         "data": {"train_examples": n_train, "eval_examples": n_eval, "total_steps": total_steps},
     })
 

@@ -1,0 +1,28 @@
+"""A small tool-calling and reasoning set (OpenAI chat format) that teaches the bundled model in a few steps to
+call get_weather for a city, answer from the tool's result, and think before answering a sum."""
+from __future__ import annotations
+
+import json
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TEMPS = {"Paris": 18, "Tokyo": 24, "Cairo": 35, "Lima": 20, "Oslo": 5, "Rome": 27}
+SUMS = [(2, 3), (4, 4), (7, 1), (6, 3)]
+
+
+def weather_turns(city: str, temp: int) -> list[dict]:
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+    return [{"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp_c": temp})},
+            {"role": "assistant", "content": f"It is {temp} degrees in {city}."}]
+
+
+def rows() -> list[dict]:
+    out = [{"tools": [WEATHER_TOOL], "messages": weather_turns(c, t)} for c, t in TEMPS.items()]
+    out += [{"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                          {"role": "assistant", "reasoning_content": f"{a} plus {b} makes {a + b}.",
+                           "content": f"The answer is {a + b}."}]} for a, b in SUMS]
+    return out

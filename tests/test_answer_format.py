@@ -1,0 +1,81 @@
+"""roctune.data.answer_format: tool calls and <think> reasoning rendered for training and parsed back by serve.
+The parser is fed real rendered text (what training teaches) whole and split at every character, so a tag or
+a call block split across tokens is never sent half as content."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from roctune.data.answer_format import TOOL_FORMATS, AnswerParser, parse_answer
+
+
+def _stream(text: str, fmt: str | None, step: int = 1, in_think: bool = False) -> list[tuple]:
+    p = AnswerParser(fmt, in_think)
+    events = []
+    for i in range(0, len(text), step):
+        events += p.feed(text[i:i + step])
+    return events + p.finish()
+
+
+def _merged(events: list[tuple]) -> tuple[str, str, list[dict]]:
+    return ("".join(v for k, v in events if k == "reasoning"), "".join(v for k, v in events if k == "content"),
+            [v for k, v in events if k == "tool_call"])
+
+
+CALLS = [{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}, {"name": "now", "arguments": {}}]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_hermes_calls_and_reasoning_split_at_any_point(step):
+    fmt = TOOL_FORMATS["hermes"]
+    text = "<think>\nweather first\n</think>\n\nLet me check." + "\n" + "\n".join(fmt.render_call(c) for c in CALLS)
+    reasoning, content, calls = _merged(_stream(text, "hermes", step))
+    assert reasoning.strip() == "weather first" and content.strip() == "Let me check." and calls == CALLS
+    # nothing of a tag ever leaks into content or reasoning
+    for kind, value in _stream(text, "hermes", step):
+        if kind != "tool_call":
+            assert "<" not in value and ">" not in value, (kind, value)
+    assert parse_answer(text, "hermes") == (reasoning, content, calls)
+
+
+def test_llama3_json_whole_answer_calls():
+    fmt = TOOL_FORMATS["llama3_json"]
+    text = fmt.render_call(CALLS[0])
+    assert json.loads(text) == {"name": "get_weather", "parameters": CALLS[0]["arguments"]}
+    for step in (1, 5, 100):
+        assert _merged(_stream(text, "llama3_json", step)) == ("", "", [CALLS[0]])
+    # JSON that is not a call, and text that merely contains a brace, stay content
+    for plain in ('{"answer": 42}', "The set {1, 2} has two items.", "Hi {"):
+        assert parse_answer(plain, "llama3_json") == (None, plain, [])
+
+
+def test_text_that_is_not_a_call_stays_content():
+    for text in ("Use <tool_call> tags to call tools.", "<tool_call>\n{not json}\n</tool_call> done",
+                 "<tool_call>\n{\"arguments\": {}}\n</tool_call>", "a < b and <tool", "<thin", "I <think> so"):
+        reasoning, content, calls = parse_answer(text, "hermes")
+        assert (reasoning, content, calls) == (None, text, []), text
+        assert _merged(_stream(text, "hermes")) == ("", text, [])
+    # with no tool format nothing is parsed as a call
+    block = TOOL_FORMATS["hermes"].render_call(CALLS[0])
+    assert parse_answer(block, None) == (None, block, [])
+
+
+def test_reasoning_when_the_prompt_opened_the_think_block():
+    assert parse_answer("\nplan\n</think>\n\nanswer", None, in_think=True) == ("plan", "answer", [])
+    assert _merged(_stream("plan</think>answer", None, 1, in_think=True)) == ("plan", "answer", [])
+    # an unclosed block (cut by max_tokens) is all reasoning
+    assert parse_answer("<think>still thinking", None) == ("still thinking", "", [])
+
+
+def test_training_renders_the_fallback_format_the_parser_reads(tokenizer):
+    from roctune.data.render import conversation_segments, detect_tool_format
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c} for c in CALLS]}]
+    learned = "".join(t for t, keep in conversation_segments(tokenizer, msgs, tools) if keep)
+    assert detect_tool_format(tokenizer) == "hermes"
+    # decoded as serve decodes what the model generates (special tokens such as the end of turn skipped)
+    answer = tokenizer.decode(tokenizer(learned, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+    assert parse_answer(answer, "hermes") == (None, "", CALLS)
