@@ -95,6 +95,9 @@ def test_deep_json_bodies_are_400(tiny_server):
     for depth in (100_000, 200):
         raw = b'{"model": "x", "messages": ' + b"[" * depth + b"]" * depth + b"}"
         assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=raw), 400, "invalid_json")
+    # bytes that are not UTF-8, and an integer too long for Python to read
+    assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=b'{"model": "\xff\xfe"}'), 400)
+    assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=b'{"n": ' + b"9" * 5000 + b"}"), 400)
     deep_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": json.loads("[" * 100 + "]" * 100)}}
     assert_openai_error(chat(tiny_server, response_format=deep_schema), 400, "invalid_json")
 
@@ -261,7 +264,8 @@ def test_bad_tool_and_format_requests_are_400(tiny_server):
            ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
                                                                                            "arguments": "{bad"}}]},
                           {"role": "user", "content": "x"}]}, "messages"),
-           ({"messages": [{"role": "function", "content": "x"}]}, "messages")]
+           ({"messages": [{"role": "function", "content": "x"}]}, "messages"),
+           ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools")]
     for extra, param in bad:
         status, reply = chat(tiny_server, **extra)
         assert_openai_error((status, reply), 400)
