@@ -19,8 +19,24 @@ def _stream(text: str, fmt: str | None, step: int = 1, in_think: bool = False) -
 
 
 def _merged(events: list[tuple]) -> tuple[str, str, list[dict]]:
+    """(reasoning, content, calls with their arguments parsed); the streamed argument chunks of each call add up
+    to its arguments."""
+    calls, streamed = [], []
+    for kind, value in events:
+        if kind == "call_start":
+            streamed.append({"name": value, "arguments": ""})
+        elif kind == "call_args":
+            streamed[-1]["arguments"] += value
+        elif kind == "tool_call":
+            assert value == streamed[len(calls)], (value, streamed)
+            calls.append({"name": value["name"], "arguments": json.loads(value["arguments"])})
     return ("".join(v for k, v in events if k == "reasoning"), "".join(v for k, v in events if k == "content"),
-            [v for k, v in events if k == "tool_call"])
+            calls)
+
+
+def _parsed(result: tuple) -> tuple:
+    reasoning, content, calls = result
+    return reasoning, content, [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in calls]
 
 
 CALLS = [{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}, {"name": "now", "arguments": {}}]
@@ -34,9 +50,9 @@ def test_hermes_calls_and_reasoning_split_at_any_point(step):
     assert reasoning.strip() == "weather first" and content.strip() == "Let me check." and calls == CALLS
     # nothing of a tag ever leaks into content or reasoning
     for kind, value in _stream(text, "hermes", step):
-        if kind != "tool_call":
+        if kind in ("reasoning", "content"):
             assert "<" not in value and ">" not in value, (kind, value)
-    assert parse_answer(text, "hermes") == (reasoning, content, calls)
+    assert _parsed(parse_answer(text, "hermes")) == (reasoning, content, calls)
 
 
 def test_llama3_json_whole_answer_calls():
@@ -78,4 +94,20 @@ def test_training_renders_the_fallback_format_the_parser_reads(tokenizer):
     assert detect_tool_format(tokenizer) == "hermes"
     # decoded as serve decodes what the model generates (special tokens such as the end of turn skipped)
     answer = tokenizer.decode(tokenizer(learned, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
-    assert parse_answer(answer, "hermes") == (None, "", CALLS)
+    assert _parsed(parse_answer(answer, "hermes")) == (None, "", CALLS)
+
+
+def test_arguments_stream_as_they_come_and_are_the_models_text():
+    head = '<tool_call>\n{"name": "get_weather", "arguments": '
+    text = head + '{"city": "Paris",  "days": [1, 2]}}\n</tool_call>'
+    events = _stream(text, "hermes")
+    chunks = [v for k, v in events if k == "call_args"]
+    assert [v for k, v in events if k == "call_start"] == ["get_weather"] and len(chunks) > 5
+    assert "".join(chunks) == '{"city": "Paris",  "days": [1, 2]}'  # as written, not re-serialised
+    assert parse_answer(text, "hermes")[2] == [{"name": "get_weather", "arguments": "".join(chunks)}]
+    # keys in the other order: parsed once the block is complete
+    other = '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>'
+    assert _merged(_stream(other, "hermes")) == ("", "", [{"name": "get_weather", "arguments": {"city": "Oslo"}}])
+    # a call cut off by max_tokens keeps what was written (its finish_reason says "length")
+    assert parse_answer(head + '{"city": "Par', "hermes") == (None, "", [{"name": "get_weather",
+                                                                        "arguments": '{"city": "Par'}])

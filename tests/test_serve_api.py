@@ -95,6 +95,9 @@ def test_deep_json_bodies_are_400(tiny_server):
     for depth in (100_000, 200):
         raw = b'{"model": "x", "messages": ' + b"[" * depth + b"]" * depth + b"}"
         assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=raw), 400, "invalid_json")
+    # bytes that are not UTF-8, and an integer too long for Python to read
+    assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=b'{"model": "\xff\xfe"}'), 400)
+    assert_openai_error(call(tiny_server, "POST", "/v1/chat/completions", raw=b'{"n": ' + b"9" * 5000 + b"}"), 400)
     deep_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": json.loads("[" * 100 + "]" * 100)}}
     assert_openai_error(chat(tiny_server, response_format=deep_schema), 400, "invalid_json")
 
@@ -194,14 +197,17 @@ def test_forced_tool_calls_even_from_a_random_model(tiny_server, tiny_client):
             reasons.append(c.finish_reason)
             parts += c.delta.tool_calls or []
     assert parts[0].index == 0 and parts[0].id.startswith("call_") and parts[0].function.name == "get_weather"
+    assert all(p.index == 0 for p in parts) and len([p for p in parts if p.function.arguments]) > 1  # in pieces
     args = "".join(p.function.arguments or "" for p in parts)
     assert args == choice.message.tool_calls[0].function.arguments  # greedy: the same call both ways
     assert reasons[-1] == "tool_calls"
     # "required" picks one of the listed functions
     r = tiny_client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, CLOCK],
-                                            tool_choice="required", max_tokens=96, temperature=0.7, seed=5)
+                                            tool_choice="required", max_tokens=96, temperature=0.7, seed=5,
+                                            parallel_tool_calls=False)
     assert r.choices[0].finish_reason == "tool_calls"
-    assert {c.function.name for c in r.choices[0].message.tool_calls} <= {"get_weather", "now"}
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name in ("get_weather", "now") and isinstance(json.loads(call.function.arguments), dict)
 
 
 def test_tool_history_goes_in(tiny_server, tiny_client):
@@ -258,7 +264,8 @@ def test_bad_tool_and_format_requests_are_400(tiny_server):
            ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
                                                                                            "arguments": "{bad"}}]},
                           {"role": "user", "content": "x"}]}, "messages"),
-           ({"messages": [{"role": "function", "content": "x"}]}, "messages")]
+           ({"messages": [{"role": "function", "content": "x"}]}, "messages"),
+           ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools")]
     for extra, param in bad:
         status, reply = chat(tiny_server, **extra)
         assert_openai_error((status, reply), 400)

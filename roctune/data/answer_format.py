@@ -12,10 +12,13 @@ A template that writes calls some other way gives None: such a model's calls can
 Reasoning: an answer that starts with `<think>` (or a prompt that ends inside an open `<think>`, as Qwen3's
 thinking templates write it) has its reasoning up to `</think>` split off.
 
-`AnswerParser` parses while text streams in: `feed(delta)` returns the events that can be told apart so far
-(("reasoning", text), ("content", text), ("tool_call", {"name", "arguments"})) and holds back any tail that may
-still grow into a tag, so a tag split across tokens is never sent half as content. A call block is parsed when it
-is complete; one whose JSON is invalid is passed on as content, unchanged."""
+`AnswerParser` parses while text streams in: `feed(delta)` returns the events that can be told apart so far:
+("reasoning", text), ("content", text), and for each call ("call_start", name), ("call_args", text)... and
+("tool_call", {"name", "arguments": the arguments' JSON text}). It holds back any tail that may still grow into a
+tag, so a tag split across tokens is never sent half as content. A hermes call written name first (as roctune
+renders it) streams its arguments as they are generated, and they are the model's own text (OpenAI's
+`arguments` is a string the model wrote, valid JSON or not); any other block is parsed once complete, and one that
+is not a call is passed on as content, unchanged."""
 from __future__ import annotations
 
 import json
@@ -34,6 +37,8 @@ FALLBACK_TOOLS_PROMPT = (
     "<args-json-object>}}\n</tool_call>"
 )
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+# The start of a hermes call as roctune renders it (name first): once it is complete the arguments can stream.
+CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 PROBE_NAME = "roctune_probe_fn"
 
 
@@ -97,8 +102,8 @@ def tool_format_of(rendered: str) -> str | None:
 
 def probe_conversation() -> tuple[list[dict], list[dict]]:
     """(messages, tools) with one call to a probe function, for `detect_tool_format`."""
-    tool = {"type": "function", "function": {"name": PROBE_NAME, "description": "probe",
-                                             "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+    params = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    tool = {"type": "function", "function": {"name": PROBE_NAME, "description": "probe", "parameters": params}}
     messages = [{"role": "user", "content": "probe"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": 1}}}]}]
@@ -117,6 +122,14 @@ def _held_tail(text: str, markers: list[str]) -> int:
     return hold
 
 
+def _json_string(text: str) -> str | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 class AnswerParser:
     """Splits generated text into reasoning, content and tool calls as it streams (see the module docstring).
     `tool_format` None: no calls are parsed. `in_think`: the prompt ended inside an open <think> block."""
@@ -128,13 +141,16 @@ class AnswerParser:
         self.seen_content = False
         self.hold_space = False
         self.seen_reasoning = False
+        self.call: dict | None = None  # the call whose arguments are streaming
+        self.sent_args = 0
 
     def feed(self, delta: str) -> list[tuple]:
         self.buf += delta
         return self._run(final=False)
 
     def finish(self) -> list[tuple]:
-        """Everything still held back (an unclosed block is content, an unclosed <think> reasoning)."""
+        """Everything still held back: an unclosed <think> is reasoning, an unclosed call block is content unless
+        its arguments had started (a call cut off by max_tokens)."""
         return self._run(final=True)
 
     def _run(self, final: bool) -> list[tuple]:
@@ -181,7 +197,8 @@ class AnswerParser:
             self.buf, self.hold_space = self.buf.lstrip(), False
         fmt = self.fmt
         if fmt is not None and fmt.whole_answer:
-            if not self.seen_content and (self.buf.lstrip().startswith(fmt.open) or (not final and not self.buf.strip())):
+            maybe_call = self.buf.lstrip().startswith(fmt.open) or (not final and not self.buf.strip())
+            if not self.seen_content and maybe_call:
                 self.mode = "block"  # the answer may be one call: wait for all of it
                 return []
             fmt = None
@@ -196,23 +213,51 @@ class AnswerParser:
         return [("content", text)] if text else None
 
     def _block(self, final: bool):
+        if self.call is not None:
+            return self._call_args(final)
         fmt = self.fmt
-        end = len(self.buf) if not fmt.close else self.buf.find(fmt.close, len(fmt.open))
-        if fmt.close and end >= 0:
-            end += len(fmt.close)
-        elif not final:
-            return None
-        else:
-            end = len(self.buf)
+        close_at = self.buf.find(fmt.close, len(fmt.open)) if fmt.close else -1
+        head = CALL_HEAD.match(self.buf) if fmt is TOOL_FORMATS["hermes"] else None
+        name = _json_string(head.group(1)) if head else None
+        if name and head.end() < len(self.buf) and (close_at < 0 or head.end() <= close_at):
+            # the name is known (and the whitespace before the arguments is over): stream the arguments
+            self.call, self.sent_args = {"name": name, "arguments": ""}, 0
+            self.buf = self.buf[head.end():]
+            return [("call_start", self.call["name"])]
+        if close_at < 0 and not final:
+            return None  # wait for the whole block
+        end = close_at + len(fmt.close) if close_at >= 0 else len(self.buf)
         block, self.buf, self.mode = self.buf[:end], self.buf[end:], "content"
-        call = fmt.parse_block(block.strip()) if (fmt.close == "" or block.endswith(fmt.close)) else None
+        call = fmt.parse_block(block.strip()) if (not fmt.close or close_at >= 0) else None
         if call is None:
             self.seen_content = True
             if fmt.whole_answer:
                 self.fmt = None  # not a call: the rest is plain text
             return [("content", block)]
         self.hold_space = True
-        return [("tool_call", call)]
+        args = json.dumps(call["arguments"], ensure_ascii=False)
+        done = {"name": call["name"], "arguments": args}
+        return [("call_start", call["name"]), ("call_args", args), ("tool_call", done)]
+
+    def _call_args(self, final: bool):
+        """The arguments of a call whose name is known, as they come: everything up to the object's closing
+        brace, holding back what may be that brace, the whitespace before </tool_call> and a partial marker."""
+        close = self.fmt.close
+        at = self.buf.find(close)
+        text = self.buf[:at] if at >= 0 else self.buf
+        if at < 0 and not final:
+            text = text[:len(text) - _held_tail(text, [close])]
+        text = text.rstrip()
+        if at >= 0 or not final:
+            text = (text[:-1] if text.endswith("}") else text).rstrip()
+        events = [("call_args", text[self.sent_args:])] if len(text) > self.sent_args else []
+        self.sent_args = max(self.sent_args, len(text))
+        if at < 0 and not final:
+            return events or None
+        done = {"name": self.call["name"], "arguments": text}
+        self.buf = self.buf[at + len(close):] if at >= 0 else ""
+        self.mode, self.call, self.hold_space = "content", None, True
+        return events + [("tool_call", done)]
 
 
 def parse_answer(text: str, tool_format: str | None, in_think: bool = False) -> tuple[str | None, str, list[dict]]:

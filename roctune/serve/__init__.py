@@ -3,16 +3,21 @@
 One copy of the base weights is loaded; every adapter is a PEFT adapter on top of it, and a request's `model`
 field picks the base or an adapter. A single worker thread owns the model and decodes waiting requests together
 in continuously refilled batches (see engine.py). Prompts are rendered by `roctune.data.render.render_prompt`, the same
-function training uses. Errors have OpenAI's shape: {"error": {"message", "type", "code"}}.
+function training uses, and answers are parsed back into reasoning_content, content and tool_calls by
+`roctune.data.answer_format`, the module that wrote the tool calls for training. Errors have OpenAI's shape:
+{"error": {"message", "type", "code"}}, for every bad request (uvicorn's own 400s included).
 
 The package, by responsibility:
 - errors.py: ApiError, the OpenAI-shaped error;
-- schemas.py: request parsing and validation, sampling settings, Settings (the server's limits);
+- schemas.py: request parsing and validation (fields, messages, tools, response_format), sampling settings,
+  Settings (the server's limits);
+- constrain.py: constrained decoding with llguidance (response_format, forced tool calls);
 - adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
 - decode.py: one request's decoding row, sampling, and the batch tensors;
 - engine.py: Engine, the continuous-batching worker, and build_engine;
 - completions.py and app.py: the FastAPI routes (create_app);
-- server.py: bind_socket and ServerThread (uvicorn in a thread).
+- server.py: check_host (no open non-loopback server by accident), bind_socket, uvicorn_config and ServerThread
+  (uvicorn in a thread).
 
 Importing this package loads neither torch nor FastAPI: the names from engine.py, app.py and server.py are
 imported on first use.

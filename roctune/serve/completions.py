@@ -86,6 +86,7 @@ class Reply:
         self.parser = AnswerParser(prompt.tool_format, prompt.in_think) if chat else None
         self.parallel = prompt.parallel
         self.n_calls = 0
+        self.sending_call = False
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -94,7 +95,7 @@ class Reply:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
 
     def _reason(self, reason: str) -> str:
-        return "tool_calls" if self.n_calls else reason
+        return "tool_calls" if self.n_calls and reason != "length" else reason
 
     def _message(self, text: str) -> dict:
         events = self.parser.feed(text) + self.parser.finish()
@@ -104,8 +105,7 @@ class Reply:
         message = {"role": "assistant", "content": content.strip() if calls else content}
         if calls:
             message["content"] = message["content"] or None
-            message["tool_calls"] = [{"id": _call_id(), "type": "function", "function": {
-                "name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}} for c in calls]
+            message["tool_calls"] = [{"id": _call_id(), "type": "function", "function": c} for c in calls]
         reasoning = [e[1] for e in events if e[0] == "reasoning"]
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
@@ -143,12 +143,15 @@ class Reply:
                 out.append(self._delta({"reasoning_content": value}))
             elif kind == "content":
                 out.append(self._delta({"content": value}))
-            elif self.parallel or self.n_calls == 0:  # a call: its id and name first, then its arguments
-                k, self.n_calls = self.n_calls, self.n_calls + 1
-                out.append(self._delta({"tool_calls": [{"index": k, "id": _call_id(), "type": "function",
-                                                        "function": {"name": value["name"], "arguments": ""}}]}))
-                args = json.dumps(value["arguments"], ensure_ascii=False)
-                out.append(self._delta({"tool_calls": [{"index": k, "function": {"arguments": args}}]}))
+            elif kind == "call_start":  # a call: its index, id and name first, then its arguments as they come
+                self.sending_call = self.parallel or self.n_calls == 0
+                if self.sending_call:
+                    self.n_calls += 1
+                    out.append(self._delta({"tool_calls": [{"index": self.n_calls - 1, "id": _call_id(),
+                                                            "type": "function",
+                                                            "function": {"name": value, "arguments": ""}}]}))
+            elif kind == "call_args" and self.sending_call:
+                out.append(self._delta({"tool_calls": [{"index": self.n_calls - 1, "function": {"arguments": value}}]}))
         return out
 
     def chunks(self, delta: str) -> list[str]:

@@ -102,8 +102,11 @@ class Constraint:
         return out
 
     def consume(self, token: int) -> None:
+        """Advance past `token`. The matcher fails only when the grammar outgrows llguidance's limits (a schema
+        whose rules explode while decoding): a 400, since that request's schema is what to change."""
         if not self.matcher.consume_token(token) or self.matcher.is_error():
-            raise ApiError(500, f"constrained decoding failed: {self.matcher.get_error()}", type="server_error")
+            raise ApiError(400, f"constrained decoding stopped: {self.matcher.get_error()}; simplify the schema",
+                           code="invalid_schema")
 
     @property
     def done(self) -> bool:

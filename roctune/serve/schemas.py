@@ -234,6 +234,7 @@ def parse_sampling(body: dict, settings: Settings, n_prompt: int, context: int |
 
 # ------------------------------------------------------------------------------- tools and response_format
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TOOLS = 128  # OpenAI's own limit; each tool is rendered into every prompt and, when forced, into the grammar
 
 
 @dataclass
@@ -256,6 +257,8 @@ def _tools(value) -> list[dict] | None:
         return None
     if not isinstance(value, list):
         raise bad_field("tools", "field 'tools' must be a list of {\"type\": \"function\", \"function\": {...}}")
+    if len(value) > MAX_TOOLS:
+        raise bad_field("tools", f"field 'tools' lists {len(value)} functions; at most {MAX_TOOLS} are accepted")
     out, names = [], set()
     for i, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
