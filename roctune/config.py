@@ -22,7 +22,9 @@ from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
-STAGES = ("sft", "dpo")
+STAGES = ("sft", "dpo", "grpo")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
+REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
@@ -68,13 +70,50 @@ class TrainConfig:
                                 metavar="NAME", group="model")
     method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
                           "last N layers; full: every parameter", choices=METHODS, group="model")
-    stage: str = setting("sft", "sft (supervised answers) or dpo (preference pairs: prompt/chosen/rejected, or "
-                         "LLaMA-Factory ranking data)", choices=STAGES, group="model")
+    stage: str = setting("sft", "sft (supervised answers), dpo (preference pairs: prompt/chosen/rejected, or "
+                         "LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)", choices=STAGES,
+                         group="model")
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model")
     beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model")
     trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
                                       group="model", cli_only=True)
+    # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
+    num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
+                                   ge=2, le=1024, group="rl")
+    max_completion_length: int = setting(256, "grpo: tokens per completion at most (TRL: 512; 256 keeps CPU "
+                                         "rollouts short)", gt=0, le=1_000_000, group="rl")
+    temperature: float = setting(1.0, "grpo: sampling temperature of the rollouts (log-probs use the same)", gt=0,
+                                 le=100, group="rl")
+    top_p: float = setting(1.0, "grpo: nucleus sampling of the rollouts", gt=0, le=1, group="rl")
+    kl_beta: float = setting(0.0, "grpo: weight of the KL penalty to the reference (TRL's beta; the reference is "
+                             "the base model, the adapter switched off: lora/qlora only)", ge=0, group="rl")
+    epsilon: float = setting(0.2, "grpo: clip the importance ratio below at 1 - epsilon (and above, unless "
+                             "--epsilon-high)", gt=0, lt=1, group="rl")
+    epsilon_high: float | None = setting(None, "grpo: upper clip 1 + epsilon_high (DAPO uses 0.28; default: "
+                                         "--epsilon)", gt=0, group="rl")
+    loss_type: str = setting("dapo", "grpo: averaging of per-token terms: dapo (over the step's tokens), grpo (per "
+                             "completion, then over completions), dr_grpo (by completions x max length), bnpo "
+                             "(per micro-batch tokens)", choices=LOSS_TYPES, group="rl")
+    scale_rewards: str = setting("group", "grpo: divide advantages by the reward std of the group, the batch, or "
+                                 "none (Dr. GRPO)", choices=("group", "batch", "none"), group="rl")
+    importance_sampling_level: str = setting("token", "grpo: importance ratio per token, or per sequence (GSPO)",
+                                             choices=("token", "sequence"), group="rl")
+    rewards: list[str] = setting([], "grpo: built-in rewards: answer (equals --answer-column), format "
+                                 "(--format-regex matches), length (soft overlong penalty), json (parses)",
+                                 choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",))
+    reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
+                                        "the --reward-file functions (default: all 1)", metavar="W", group="rl")
+    reward_file: list[str] = setting([], "grpo: your reward functions with TRL's convention, FILE.py or "
+                                     "FILE.py:NAME,... (code that runs here: command line only)", repeat=True,
+                                     metavar="FILE", group="rl", cli_only=True)
+    answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl")
+    format_regex: str = setting("", "grpo: the regular expression the format reward looks for (re.search; anchor "
+                                "with ^...$)", metavar="REGEX", group="rl")
+    length_penalty_window: int = setting(0, "grpo: the length reward falls from 0 to -1 over the last N tokens "
+                                         "before --max-completion-length (0: a quarter of it)", ge=0, group="rl")
+    completion_samples_steps: int = setting(0, "grpo: every N steps, write the step's first completions with their "
+                                            "rewards to DIR/completions.jsonl (0: never)", ge=0, group="rl")
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
     max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000)
@@ -191,6 +230,30 @@ class TrainConfig:
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
+        self._check_grpo()
+
+    def _check_grpo(self) -> None:
+        import re
+
+        if self.stage != "grpo":
+            return
+        if not self.rewards and not self.reward_file:
+            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
+                              "--reward-file FILE.py")
+        if "format" in self.rewards:
+            if not self.format_regex:
+                raise ConfigError("--reward format needs --format-regex REGEX (e.g. '^<answer>.*</answer>$')")
+            try:
+                re.compile(self.format_regex)
+            except re.error as e:
+                raise ConfigError(f"--format-regex {self.format_regex!r}: not a regular expression ({e})") from None
+        for w in self.reward_weights:
+            check_number("--reward-weights", _number("--reward-weights", w, float))
+        if self.kl_beta > 0 and self.method not in ("lora", "qlora"):
+            raise ConfigError(f"--kl-beta needs the reference that LoRA gives for free (the adapter switched off); "
+                              f"with --method {self.method} use --kl-beta 0")
+        if self.fsdp:
+            raise ConfigError("--stage grpo samples with the whole model in each process; drop --fsdp")
 
     def _check_best(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0
@@ -373,7 +436,8 @@ def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = No
 # ---------------------------------------------------------------------------------------- CLI flags
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
-                "processes": "several processes (effective batch = batch-size x grad-accum x processes)"}
+                "processes": "several processes (effective batch = batch-size x grad-accum x processes)",
+                "rl": "reinforcement learning (--stage grpo)"}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

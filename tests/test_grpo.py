@@ -143,3 +143,83 @@ def test_group_advantages_match_trl_and_unscorable_get_zero():
     nan = torch.tensor([1.0, float("nan"), 0.0, 1.0])
     adv_n, _ = gl.group_advantages(nan, 4)
     assert float(adv_n[1]) == 0.0 and not math.isnan(float(adv_n.sum()))
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+def test_builtin_rewards():
+    from types import SimpleNamespace
+
+    from roctune.eval import rewards as rw
+
+    cfg = SimpleNamespace(answer_column="answer", format_regex=r"^<a>\d+</a>$", max_completion_length=8,
+                          length_penalty_window=4)
+    answer = rw.builtin("answer", cfg)
+    comps = ["2 + 3 = 5", "The answer is 1,000.", "#### 7", r"so \boxed{\frac{1}{2}}", "I think 6", "Paris."]
+    gold = [5, "1000", "7.0", "0.5", 5, "paris"]
+    assert answer(completions=comps, answer=gold) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    conv = [[{"role": "assistant", "content": "= 12"}]]  # TRL's conversational completions
+    assert answer(completions=conv, answer=[12]) == [1.0]
+    assert rw.builtin("format", cfg)(completions=["<a>12</a>", "x <a>12</a>", "<a>1</a> more"]) == [1.0, 0.0, 0.0]
+    length = rw.builtin("length", cfg)
+    assert length(completions=["a"] * 4, completion_ids=[[1] * 3, [1] * 4, [1] * 6, [1] * 8]) == [0, 0, -0.5, -1]
+    assert rw.json_reward(completions=['{"a": 1}', 'here:\n```json\n[1, 2]\n```', "{nope"]) == [1.0, 1.0, 0.0]
+
+
+def test_reward_file_with_trl_convention_and_weights(tmp_path):
+    from types import SimpleNamespace
+
+    from roctune.eval import rewards as rw
+
+    f = tmp_path / "my_rewards.py"
+    f.write_text("import re\n"
+                 "def has_digit(completions, **kwargs):\n"
+                 "    return [1.0 if re.search(r'\\d', c) else 0.0 for c in completions]\n"
+                 "def echo_answer(prompts, completions, answer, **kwargs):\n"
+                 "    return [float(a) if p.startswith('Q') else None for p, a in zip(prompts, answer)]\n"
+                 "def _helper():\n    pass\n")
+    cfg = SimpleNamespace(rewards=["json"], reward_weights=["0.5", "1", "2"], answer_column="answer")
+    built = rw.build(cfg, [str(f)])
+    assert [(r.name, r.weight) for r in built] == [("json", 0.5), ("has_digit", 1.0), ("echo_answer", 2.0)]
+    vals = rw.score(built, ["Q1", "x"], ["7", "no"], [[1], [2]], {"answer": [3, 4]})
+    assert vals[0] == [1.0, 0.0] and vals[1] == [1.0, 0.0] and vals[2][0] == 3.0 and math.isnan(vals[2][1])
+    assert rw.combine(vals, built) == [0.5 + 1 + 6, 0.0]
+    only = rw.load_reward_file(f"{f}:echo_answer")
+    assert [r.name for r in only] == ["echo_answer"]
+    from roctune.errors import ConfigError
+    with pytest.raises(ConfigError, match="3 weight.*2 reward function"):
+        rw.build(SimpleNamespace(rewards=["json"], reward_weights=["1", "1", "1"]), [f"{f}:echo_answer"])
+    with pytest.raises(ConfigError, match="no function nope"):
+        rw.load_reward_file(f"{f}:nope")
+
+
+@pytest.mark.parametrize("body, says", [
+    ("raise KeyError('answer')", "reward function 'bad' raised KeyError: 'answer'"),
+    ("return [float('nan')] * len(completions)", "reward function 'bad' returned nan for completion 0"),
+    ("return [1.0]", "reward function 'bad' returned 1 values for 2 completions"),
+    ("return 1.0", "reward function 'bad' returned float"),
+    ("return ['high', 1]", "reward function 'bad' returned 'high' for completion 0"),
+])
+def test_a_bad_reward_is_one_line_naming_it(tmp_path, body, says):
+    from roctune.errors import RewardError
+    from roctune.eval import rewards as rw
+
+    f = tmp_path / "r.py"
+    f.write_text(f"def bad(completions, **kw):\n    {body}\n")
+    with pytest.raises(RewardError) as e:
+        rw.score(rw.load_reward_file(str(f)), ["p", "q"], ["a", "b"], [[1], [2]], {})
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_reward_file_only_from_the_command_line(tmp_path):
+    from roctune import config
+    from roctune.errors import ConfigError
+
+    y = tmp_path / "c.yaml"
+    y.write_text("stage: grpo\nreward_file: [evil.py]\n")
+    with pytest.raises(ConfigError, match="only be given on the command line"):
+        config.from_sources(str(y))
+    with pytest.raises(ConfigError, match="only be given on the command line"):
+        config.from_sources(overrides=["reward_file=evil.py"])
+    cfg = config.from_sources(flags={"stage": "grpo", "data": ["d"], "output": "o"})
+    with pytest.raises(ConfigError, match="needs a reward"):
+        cfg.validate()
