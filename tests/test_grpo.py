@@ -1,7 +1,9 @@
 """--stage grpo: the loss and its gradients against TRL's GRPOTrainer on the same inputs (every variant offered),
 group-relative advantages, the rewards (built-ins, a user's reward file, the errors of a bad reward), and
 training on a tiny model."""
+import json
 import math
+import os
 
 import pytest
 
@@ -223,3 +225,106 @@ def test_reward_file_only_from_the_command_line(tmp_path):
     cfg = config.from_sources(flags={"stage": "grpo", "data": ["d"], "output": "o"})
     with pytest.raises(ConfigError, match="needs a reward"):
         cfg.validate()
+
+
+# --------------------------------------------------------------------------------------- rollouts, training
+def test_rollout_decoding_equals_generate_and_stops_rows_alone(tiny_model_dir):
+    """roctune.decoding's batched sampling with a KV cache (serve's code) at temperature 0 gives transformers'
+    greedy generate, row by row, with left-padded prompts of different lengths; a row stops at its own EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roctune.decoding import left_pad, sample_completions
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    ids, mask, _ = left_pad(prompts, 0)
+    ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0,
+                         eos_token_id=None)[:, ids.shape[1]:].tolist()
+    got = sample_completions(model, prompts, 6, 0.0, 1.0, set(), 0, None, "cpu")
+    assert got == ref
+    e = ref[1][2]  # make a token of row 1 an end of sequence: each row stops at its own first one
+    got = sample_completions(model, prompts, 6, 0.0, 1.0, {e}, 0, None, "cpu")
+    assert got == [r[:r.index(e) + 1] if e in r else r for r in ref] and len(got[1]) <= 3
+    g1, g2 = (torch.Generator().manual_seed(3) for _ in range(2))
+    a = sample_completions(model, prompts * 2, 5, 1.0, 0.9, set(), 0, g1, "cpu")
+    assert a == sample_completions(model, prompts * 2, 5, 1.0, 0.9, set(), 0, g2, "cpu")  # seeded: repeatable
+
+
+REWARD_FILE = ("def short_vowels(completions, answer, **kwargs):\n"
+               "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]\n"
+               "    return [sum(ch in 'aeiou' for ch in t) / (1 + len(t)) + (a or 0) * 0 for t, a in zip(texts, answer)]\n")
+PROMPTS = [{"prompt": f"Say something about {w}.", "answer": i} for i, w in enumerate(
+    ["apples", "rivers", "stars", "music", "cats", "rain", "bread", "glass"])]
+
+
+def grpo_cfg(tmp_path, model, out="run", **kw):
+    from conftest import write_jsonl
+    from roctune.config import TrainConfig
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    rf = tmp_path / "rw.py"
+    rf.write_text(REWARD_FILE)
+    base = dict(data=[data], output=str(tmp_path / out), model=model, device="cpu", stage="grpo", max_steps=4,
+                batch_size=2, grad_accum=1, num_generations=4, max_completion_length=6, lr=5e-3, lora_dropout=0.0,
+                rewards=["length"], reward_file=[str(rf)], kl_beta=0.05, target_modules=["all-linear"], seed=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_grpo_trains_logs_its_metrics_and_evaluates_by_reward(tiny_model_dir, tmp_path):
+    from conftest import read_metrics, run_train
+
+    summary, lines = run_train(grpo_cfg(tmp_path, tiny_model_dir, eval_ratio=0.25, completion_samples_steps=2))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["completions"] == 2 * 4 and 1 <= r["completion_length"] <= 6
+        assert r["reward"] == pytest.approx(r["reward_short_vowels"] + r["reward_length"], abs=1e-5)
+        for k in ("reward_std", "kl", "clip_ratio", "truncated", "zero_std_fraction", "completion_tokens"):
+            assert k in r
+    assert any(r["grad_norm"] > 0 for r in rows) and rows[-1]["kl"] > 0  # the adapter moved away from the base
+    assert "eval_reward" in rows[-1] and "eval_reward_short_vowels" in rows[-1]
+    assert (tmp_path / "run" / "adapter_model.safetensors").exists()
+    samples = [json.loads(x) for x in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {2, 4} and all("completion" in s for s in samples)
+    assert any("rewards: length x1, short_vowels x1" in x for x in lines)
+
+
+def test_grpo_resume_gives_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    from conftest import read_metrics, run_train
+    from safetensors.torch import load_file
+
+    import shutil
+
+    run_train(grpo_cfg(tmp_path, tiny_model_dir, "full", lora_dropout=0.1))
+    part = tmp_path / "part"
+    run_train(grpo_cfg(tmp_path, tiny_model_dir, "part", save_steps=2, lora_dropout=0.1))
+    # pretend the run stopped after step 2: drop what came later, then resume
+    lines = (part / "metrics.jsonl").read_text().splitlines()[:2]
+    (part / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    os.unlink(part / "adapter_model.safetensors")
+    shutil.rmtree(part / "checkpoint-4")
+    run_train(grpo_cfg(tmp_path, tiny_model_dir, "part", save_steps=2, resume=True, lora_dropout=0.1))
+    full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
+    assert [r["reward"] for r in part] == [r["reward"] for r in full]
+    a = load_file(tmp_path / "full" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "part" / "adapter_model.safetensors")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_a_reward_that_fails_in_training_names_it(tiny_model_dir, tmp_path):
+    from conftest import run_train
+    from roctune.errors import RewardError
+
+    cfg = grpo_cfg(tmp_path, tiny_model_dir, max_steps=1)
+    (tmp_path / "rw.py").write_text("def short_vowels(completions, **kw):\n    return [float('nan')] * len(completions)\n")
+    cfg.reward_file = [str(tmp_path / "rw.py")]
+    with pytest.raises(RewardError, match="reward function 'short_vowels' returned nan"):
+        run_train(cfg)
+    bad = grpo_cfg(tmp_path, tiny_model_dir, out="never")
+    (tmp_path / "bad.py").write_text("import not_a_module_anywhere\n")
+    bad.reward_file = [str(tmp_path / "bad.py")]
+    with pytest.raises(RewardError, match="bad.py: importing it raised ModuleNotFoundError"):
+        run_train(bad)
+    assert not (tmp_path / "never").exists()  # checked before the model loads or anything is written

@@ -107,10 +107,13 @@ def answers_equal(completion: str, gold) -> bool:
 
 def _math_verify(gold: str, completion: str) -> bool:
     """math-verify's verdict where installed (no timeouts: they use signals, which need the main thread)."""
+    import logging
+
     try:
         from math_verify import parse, verify
     except ImportError:
         return False
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call that timeouts are off
     try:
         return bool(verify(parse(gold, parsing_timeout=None), parse(completion, parsing_timeout=None),
                            timeout_seconds=None))
@@ -138,7 +141,8 @@ def length_reward(max_len: int, window: int) -> Callable:
     window = max(1, min(window or max_len // 4, max_len))
 
     def length(completions, completion_ids=None, **kw):
-        lens = [len(x) for x in completion_ids] if completion_ids is not None else [len(text_of(c)) for c in completions]
+        lens = ([len(x) for x in completion_ids] if completion_ids is not None
+                else [len(text_of(c)) for c in completions])
         return [0.0 if n <= max_len - window else max(-1.0, (max_len - window - n) / window) for n in lens]
     return length
 
