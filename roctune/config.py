@@ -334,6 +334,8 @@ def _check_utf8(name: str, value: Any) -> None:
 def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
     """A YAML, flag or `key=value` value as the field's type, with an error naming the key."""
     k = kind(f)
+    if value is None and str(f.type).endswith("| None"):  # an optional setting left at its default
+        return None
     if k == "list":
         if isinstance(value, str):
             return [v for v in value.replace(",", " ").split() if v]

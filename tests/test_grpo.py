@@ -328,3 +328,43 @@ def test_a_reward_that_fails_in_training_names_it(tiny_model_dir, tmp_path):
     with pytest.raises(RewardError, match="bad.py: importing it raised ModuleNotFoundError"):
         run_train(bad)
     assert not (tmp_path / "never").exists()  # checked before the model loads or anything is written
+
+
+def test_prompt_formats_and_columns(tmp_path):
+    from conftest import write_jsonl
+    from roctune.data.prompts import load_prompts
+    from roctune.errors import DataError
+
+    rows = [{"prompt": "Q1", "answer": 1, "system": "Be brief."},
+            {"prompt": [{"role": "user", "content": "Q2"}], "answer": "2"},
+            {"messages": [{"role": "user", "content": "Q3"}, {"role": "assistant", "content": "A3"}], "level": 3},
+            {"instruction": "Q4", "input": "ctx", "output": "A4"}]
+    got = load_prompts(write_jsonl(tmp_path / "p.jsonl", rows))
+    assert got[0].messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q1"}]
+    assert got[0].text_prompt and not got[1].text_prompt and got[0].columns == {"answer": 1, "system": "Be brief."}
+    assert got[2].messages == [{"role": "user", "content": "Q3"}] and got[2].columns["level"] == 3
+    assert got[3].messages == [{"role": "user", "content": "Q4\n\nctx"}] and got[3].columns["output"] == "A4"
+    bad = write_jsonl(tmp_path / "b.jsonl", [rows[0], {"answer": 3}])
+    with pytest.raises(DataError, match="b.jsonl:2: no prompt"):
+        load_prompts(bad)
+
+
+@pytest.mark.slow
+def test_grpo_with_two_processes_passes_the_reward_file_on(tiny_model_dir, tmp_path):
+    """--nproc 2 (gloo): the reward file, a command-line-only setting, reaches both processes as a flag."""
+    import subprocess
+    import sys
+
+    from conftest import read_metrics, write_jsonl
+
+    data = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS[:4])
+    (tmp_path / "rw.py").write_text(REWARD_FILE)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "roctune", "train", "--stage", "grpo", "--data", data, "--output", str(out),
+           "--model", tiny_model_dir, "--device", "cpu", "--nproc", "2", "--reward-file", str(tmp_path / "rw.py"),
+           "--num-generations", "2", "--max-completion-length", "4", "--batch-size", "1", "--grad-accum", "1",
+           "--max-steps", "2", "--target-modules", "all-linear"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_metrics(out)
+    assert [r["completions"] for r in rows] == [4, 4] and "reward_short_vowels" in rows[-1]

@@ -88,7 +88,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         rollout=g.rollout, expand=cfg.num_generations, derived=g.derived,
         eval_names=("reward", "n") + tuple(f"reward_{f.name}" for f in funcs), eval_sums=g.eval_sums,
         eval_metrics=lambda s: {f"eval_{k}": round(v / max(1, s["n"]), 6) for k, v in s.items() if k != "n"},
-        best_metric="eval_reward", higher_is_better=True)
+        best_metric="eval_reward", higher_is_better=True, show="reward")
     say(f"prompts: {len(prompts)} train, {len(eval_prompts)} eval; {cfg.num_generations} completions each of up to "
         f"{cfg.max_completion_length} tokens; rewards: {', '.join(f'{f.name} x{f.weight:g}' for f in funcs)}; "
         f"loss {cfg.loss_type}")
@@ -204,7 +204,7 @@ class _Grpo:
         for k in [k for k in row if k.startswith("reward") or k in ("completion_length", "truncated")]:
             row[k] = round(row[k] / n, 6)
         row["zero_std_fraction"] = round(row.pop("zero_std_groups", 0.0) / n, 6)
-        row["completions"] = n
+        row["completions"] = int(n)
 
     # ---- evaluation and samples
     def eval_sums(self, model, items: list[Prompt]) -> dict[str, float]:

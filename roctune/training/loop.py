@@ -74,6 +74,7 @@ class Task:
     expand: int = 1
     best_metric: str = "eval_loss"
     higher_is_better: bool = False
+    show: str = "loss"  # the metric the progress line shows
 
 
 def autocast(setup: Setup):
@@ -218,8 +219,8 @@ class _State:
                     stop = self.after_eval(model, last, say)
                 losses.append(last["loss"])
                 self.log_row(last, force=stop)
-                bar.update(done, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
-                           "tok/s", say)
+                bar.update(done, f"{self.task.show} {last[self.task.show]:.4f}  "
+                           f"{tokens_done / (time.perf_counter() - t_start):,.0f} tok/s", say)
                 if stop:
                     break
                 # the last step is checkpointed too (as transformers' Trainer does): a finished run can be continued
