@@ -442,11 +442,14 @@ GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimi
                 "rl": "reinforcement learning (--stage grpo)"}
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
     """One flag per setting, generated from the declarations (use with argument_default=SUPPRESS, so only the
-    flags given reach `from_sources`)."""
+    flags given reach `from_sources`). `names`: only those settings (another command reusing them, e.g. eval's
+    rewards; their defaults are left to `from_sources`)."""
     groups = {k: parser.add_argument_group(title) for k, title in GROUP_TITLES.items()}
     for f in fields():
+        if names is not None and f.name not in names:
+            continue
         meta, k = f.metadata, kind(f)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         help_text = meta["help"] + ("" if default in (None, "", [], False) or k == "bool" else f" (default {_show(default)})")
@@ -462,6 +465,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       choices=meta["choices"])
         if k == "list" and meta["choices"]:
             kw["help"] += f" (any of {', '.join(meta['choices'])})"
+        if names is not None:
+            kw["default"] = argparse.SUPPRESS
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 
 

@@ -368,3 +368,24 @@ def test_grpo_with_two_processes_passes_the_reward_file_on(tiny_model_dir, tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     rows = read_metrics(out)
     assert [r["completions"] for r in rows] == [4, 4] and "reward_short_vowels" in rows[-1]
+
+
+def test_eval_scores_base_and_tuned_by_the_rewards(tiny_model_dir, tmp_path, capsys):
+    from conftest import run_train
+    from roctune.cli import main
+
+    cfg = grpo_cfg(tmp_path, tiny_model_dir, max_steps=2)
+    run_train(cfg)
+    held = cfg.data[0]
+    assert main(["eval", "--adapter", cfg.output, "--data", held, "--json", "--reward", "length",
+                 "--reward-file", str(tmp_path / "rw.py"), "--max-new-tokens", "6", "--reward-weights", "1", "2"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["n"] == len(PROMPTS)
+    for side in ("base", "tuned"):
+        assert set(got[side]) == {"reward", "reward_length", "reward_short_vowels"}
+        assert got[side]["reward"] == pytest.approx(got[side]["reward_length"] + 2 * got[side]["reward_short_vowels"],
+                                                    abs=2e-4)
+    # a reward function returning the wrong count stops eval with one line naming it
+    (tmp_path / "bad.py").write_text("def r(completions, **kw):\n    return [1]\n")
+    assert main(["eval", "--adapter", cfg.output, "--data", held, "--reward-file", str(tmp_path / "bad.py")]) != 0
+    assert "reward function 'r' returned 1 values" in capsys.readouterr().err

@@ -253,6 +253,16 @@ def call(reward: Reward, n: int, **kwargs) -> list[float]:
     return result
 
 
+def reward_inputs(records: list, texts: list[str], per: int) -> tuple[list, list, dict]:
+    """(prompts, completions, columns) for the reward functions from prompt records (roctune.data.prompts) and
+    `per` completions of each, in TRL's formats: strings for a text prompt, messages otherwise."""
+    rows = [r for r in records for _ in range(per)]
+    ps = [r.messages[-1]["content"] if r.text_prompt else r.messages for r in rows]
+    cs = [t if r.text_prompt else [{"role": "assistant", "content": t}] for r, t in zip(rows, texts)]
+    keys = list(dict.fromkeys(k for r in records for k in r.columns))
+    return ps, cs, {k: [r.columns.get(k) for r in rows] for k in keys}
+
+
 def score(rewards: list[Reward], prompts: list, completions: list, completion_ids: list[list[int]],
           columns: dict[str, list], **extra: Any) -> list[list[float]]:
     """Every reward function's values for the completions: [function][completion]."""

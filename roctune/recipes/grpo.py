@@ -59,16 +59,6 @@ def tokenize_prompts(tokenizer, records: list, max_length: int) -> tuple[list[Pr
     return out, dropped
 
 
-def reward_inputs(prompts: list[Prompt], texts: list[str], per: int) -> tuple[list, list, dict]:
-    """(prompts, completions, columns) for the reward functions, `per` completions per prompt, in TRL's formats:
-    strings for a text prompt, messages otherwise."""
-    rows = [p for p in prompts for _ in range(per)]
-    ps = [p.record.messages[-1]["content"] if p.record.text_prompt else p.record.messages for p in rows]
-    cs = [t if p.record.text_prompt else [{"role": "assistant", "content": t}] for p, t in zip(rows, texts)]
-    keys = list(dict.fromkeys(k for p in prompts for k in p.record.columns))
-    return ps, cs, {k: [p.record.columns.get(k) for p in rows] for k in keys}
-
-
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
     from roctune.eval import rewards as rw
 
@@ -126,7 +116,7 @@ class _Grpo:
         from roctune.eval import rewards as rw
 
         texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in comps]
-        ps, cs, columns = reward_inputs(prompts, texts, per)
+        ps, cs, columns = rw.reward_inputs([p.record for p in prompts], texts, per)
         per_func = rw.score(self.funcs, ps, cs, comps, columns, trainer_state=SimpleNamespace(global_step=step))
         return per_func, rw.combine(per_func, self.funcs), texts
 
