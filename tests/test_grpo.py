@@ -389,3 +389,16 @@ def test_eval_scores_base_and_tuned_by_the_rewards(tiny_model_dir, tmp_path, cap
     (tmp_path / "bad.py").write_text("def r(completions, **kw):\n    return [1]\n")
     assert main(["eval", "--adapter", cfg.output, "--data", held, "--reward-file", str(tmp_path / "bad.py")]) != 0
     assert "reward function 'r' returned 1 values" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method, loss_type, level", [("freeze", "grpo", "sequence"), ("full", "bnpo", "token"),
+                                                      ("lora", "dr_grpo", "token")])
+def test_grpo_runs_with_each_method_and_loss(tiny_model_dir, tmp_path, method, loss_type, level):
+    from conftest import read_metrics, run_train
+
+    cfg = grpo_cfg(tmp_path, tiny_model_dir, method=method, loss_type=loss_type, importance_sampling_level=level,
+                   kl_beta=0.0 if method != "lora" else 0.04, max_steps=2, grad_accum=2, batch_size=1)
+    run_train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2 and all(r["completions"] == 2 * 4 for r in rows)
+    assert any(r["grad_norm"] > 0 for r in rows) and "completion_tokens" not in rows[0]  # dapo's normaliser only

@@ -74,7 +74,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         items=prompts, eval_items=eval_prompts, lengths=[len(p.ids) for p in prompts],
         loss_sum=g.loss_sum, weight=lambda c: g.loss.item_weight(c.n), tokens=lambda c: len(c.item.input_ids),
         metric_names=("clip_ratio",) + (("kl",) if cfg.kl_beta else ()),
-        norm_name="completion_tokens" if cfg.loss_type == "dapo" else "completions",
+        norm_name=g.norm_name,
         rollout=g.rollout, expand=cfg.num_generations, derived=g.derived,
         eval_names=("reward", "n") + tuple(f"reward_{f.name}" for f in funcs), eval_sums=g.eval_sums,
         eval_metrics=lambda s: {f"eval_{k}": round(v / max(1, s["n"]), 6) for k, v in s.items() if k != "n"},
@@ -95,6 +95,7 @@ class _Grpo:
 
         self.cfg, self.setup, self.dist, self.tokenizer, self.funcs, self.say = cfg, setup, dist, tokenizer, funcs, say
         self.loss = LossSettings.from_config(cfg)
+        self.norm_name = "completion_tokens" if cfg.loss_type == "dapo" else "completions"
         self.head = plan.head if cfg.loss_on_supervised_only else None
         self.eos = set(stop_token_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
@@ -186,8 +187,8 @@ class _Grpo:
 
     def derived(self, row: dict) -> None:
         """Per-completion means from the step's sums (the loop divided the loss's metrics by its normaliser)."""
+        norm = row[self.norm_name]  # the loop's normaliser (for all but dapo, the completions: the same count)
         n = max(1, row.pop("completions", 0))
-        norm = row.get("completion_tokens", row.get("completions", n))
         for k in ("clip_ratio", "kl"):
             if k in row:
                 row[k] = round(row[k] * norm / n, 6)
