@@ -402,3 +402,18 @@ def test_grpo_runs_with_each_method_and_loss(tiny_model_dir, tmp_path, method, l
     rows = read_metrics(tmp_path / "run")
     assert len(rows) == 2 and all(r["completions"] == 2 * 4 for r in rows)
     assert any(r["grad_norm"] > 0 for r in rows) and "completion_tokens" not in rows[0]  # dapo's normaliser only
+
+
+def test_kept_best_is_the_highest_eval_reward(tiny_model_dir, tmp_path):
+    """--load-best with GRPO keeps the evaluation with the highest eval_reward (higher is better), not the lowest."""
+    from conftest import read_metrics, run_train
+
+    summary, lines = run_train(grpo_cfg(tmp_path, tiny_model_dir, eval_ratio=0.25, eval_steps=1, load_best=True,
+                                        lr=2e-2))
+    rows = [r for r in read_metrics(tmp_path / "run") if "eval_reward" in r]
+    assert len(rows) == 4 and len({r["eval_reward"] for r in rows}) > 1  # the evaluations differ
+    best = max(rows, key=lambda r: r["eval_reward"])  # the first of equals is kept
+    assert summary["best_step"] == best["step"] and summary["best_value"] == best["eval_reward"]
+    kept = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
+    assert kept == {"step": best["step"], "eval_reward": best["eval_reward"]}
+    assert any(f"best eval reward {best['eval_reward']:.4f} at step {best['step']}" in x for x in lines)
