@@ -265,8 +265,11 @@ def reward_inputs(records: list, texts: list[str], per: int) -> tuple[list, list
 
 def score(rewards: list[Reward], prompts: list, completions: list, completion_ids: list[list[int]],
           columns: dict[str, list], **extra: Any) -> list[list[float]]:
-    """Every reward function's values for the completions: [function][completion]."""
-    kwargs = {**columns, **extra, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+    """Every reward function's values for the completions: [function][completion]. TRL also hands its functions
+    `log_extra` and `log_metric` callbacks; they are accepted here and do nothing, so such a file runs unchanged."""
+    noop = lambda *a, **k: None  # noqa: E731
+    kwargs = {**columns, "log_extra": noop, "log_metric": noop, **extra, "prompts": prompts,
+              "completions": completions, "completion_ids": completion_ids}
     return [call(r, len(completions), **kwargs) for r in rewards]
 
 

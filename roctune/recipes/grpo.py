@@ -8,7 +8,7 @@ Each optimizer step, on the shared loop (roctune.training.loop, Task.rollout):
 1. rollout, outside DDP and autocast and without gradients: the step's prompts (batch_size x grad_accum per
    process) each get `num_generations` completions, sampled together with a KV cache by roctune.decoding (the code
    `serve` decodes with), from the model being trained (LoRA applied unmerged, dropout off), with a generator
-   seeded by (seed, step) so a resumed run samples what the uninterrupted one did;
+   seeded by (seed, step, rank) so a resumed run samples what the uninterrupted one did;
 2. rewards, weighted and summed, become group-relative advantages; with --kl-beta the reference log-probs come
    from the same model with the adapter switched off (no second copy of the weights);
 3. the micro-batches of completions are scored (log-probs at the sampling temperature) and back-propagated; the
@@ -127,7 +127,9 @@ class _Grpo:
         from roctune.data.render import Tokenized
 
         G = self.cfg.num_generations
-        gen = torch.Generator(device=self.setup.device).manual_seed(self.cfg.seed * 1_000_003 + step)
+        # seeded by (seed, step, rank): a resumed run samples what the uninterrupted one did, ranks sample apart
+        seed = (self.cfg.seed * 1_000_003 + step) * 4099 + self.dist.rank
+        gen = torch.Generator(device=self.setup.device).manual_seed(seed)
         comps = self.sample(model, [p.ids for p in prompts for _ in range(G)], self.cfg.temperature, gen)
         per_func, total, texts = self.score(prompts, comps, G, step)
         rewards = torch.tensor(total, dtype=torch.float32)
