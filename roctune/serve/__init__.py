@@ -9,7 +9,8 @@ The package, by responsibility:
 - errors.py: ApiError, the OpenAI-shaped error;
 - schemas.py: request parsing and validation, sampling settings, Settings (the server's limits);
 - adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
-- decode.py: one request's decoding row, sampling, and the batch tensors;
+- decode.py: one request's decoding row (the batch tensors and sampling are roctune.decoding's, shared with
+  GRPO's rollouts);
 - engine.py: Engine, the continuous-batching worker, and build_engine;
 - completions.py and app.py: the FastAPI routes (create_app);
 - server.py: bind_socket and ServerThread (uvicorn in a thread).
