@@ -253,7 +253,8 @@ def test_rollout_decoding_equals_generate_and_stops_rows_alone(tiny_model_dir):
 
 REWARD_FILE = ("def short_vowels(completions, answer, **kwargs):\n"
                "    texts = [c if isinstance(c, str) else c[0]['content'] for c in completions]\n"
-               "    return [sum(ch in 'aeiou' for ch in t) / (1 + len(t)) + (a or 0) * 0 for t, a in zip(texts, answer)]\n")
+               "    assert len(answer) == len(texts)  # a dataset column, one value per completion\n"
+               "    return [sum(ch in 'aeiou' for ch in t) / (1 + len(t)) for t in texts]\n")
 PROMPTS = [{"prompt": f"Say something about {w}.", "answer": i} for i, w in enumerate(
     ["apples", "rivers", "stars", "music", "cats", "rain", "bread", "glass"])]
 
@@ -318,7 +319,8 @@ def test_a_reward_that_fails_in_training_names_it(tiny_model_dir, tmp_path):
     from roctune.errors import RewardError
 
     cfg = grpo_cfg(tmp_path, tiny_model_dir, max_steps=1)
-    (tmp_path / "rw.py").write_text("def short_vowels(completions, **kw):\n    return [float('nan')] * len(completions)\n")
+    (tmp_path / "rw.py").write_text("def short_vowels(completions, **kw):\n"
+                                    "    return [float('nan')] * len(completions)\n")
     cfg.reward_file = [str(tmp_path / "rw.py")]
     with pytest.raises(RewardError, match="reward function 'short_vowels' returned nan"):
         run_train(cfg)
