@@ -419,3 +419,13 @@ def test_kept_best_is_the_highest_eval_reward(tiny_model_dir, tmp_path):
     kept = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
     assert kept == {"step": best["step"], "eval_reward": best["eval_reward"]}
     assert any(f"best eval reward {best['eval_reward']:.4f} at step {best['step']}" in x for x in lines)
+
+
+def test_the_example_reward_file_loads_and_scores():
+    from roctune.eval import rewards as rw
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grpo_rewards.py")
+    funcs = rw.load_reward_file(path)
+    assert [f.name for f in funcs] == ["exact_sum", "short_answer"]
+    vals = rw.score(funcs, ["What is 2 + 3?"] * 2, ["2 + 3 = 5", "It is 6"], [[1] * 6, [1] * 24], {"answer": [5, 5]})
+    assert vals == [[1.0, 0.0], [pytest.approx(0.15), 0.0]]
