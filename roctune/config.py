@@ -230,9 +230,9 @@ class TrainConfig:
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
-        self._check_grpo()
+        self.check_grpo()
 
-    def _check_grpo(self) -> None:
+    def check_grpo(self) -> None:
         import re
 
         if self.stage != "grpo":

@@ -47,7 +47,7 @@ def run_rewards(args) -> int:
 
     cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
     cfg.stage, cfg.max_completion_length = "grpo", args.max_new_tokens
-    cfg._check_grpo()
+    cfg.check_grpo()
     rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
     load_prompts(args.data)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
