@@ -17,7 +17,7 @@ Several processes (torchrun; see roctune.training.distributed):
 - Only rank 0 writes run.yaml, metrics.jsonl and checkpoints; the others wait at barriers.
 
 Best weights and early stopping. With --early-stopping-patience K or --load-best, every evaluation whose eval loss
-is the lowest so far writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
+is the lowest so far (the Task's best_metric: GRPO keeps the highest eval reward) writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
 a lower eval loss end training there. With --load-best, each process also keeps a CPU copy of its own trainable
 tensors at the best evaluation (its shards under FSDP) and puts them back when training ends, so the model that
 `session.save_final` saves is the best one, whatever the method or number of processes. Every rank computes the same eval loss (summed over ranks), so all ranks take the same decision.
@@ -242,7 +242,7 @@ class _State:
 
     def after_eval(self, model, row: dict, say) -> bool:
         """Keep the best weights (with --early-stopping-patience or --load-best); True when training should stop:
-        K evaluations in a row without a lower eval loss."""
+        K evaluations in a row without a better Task.best_metric (a lower eval loss; GRPO: a higher eval reward)."""
         m = self.task.best_metric
         if not self.keep_best or m not in row:
             return False
