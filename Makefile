@@ -11,7 +11,7 @@ VENV ?= .venv
 VENV_FLAGS ?=
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-EXTRAS ?= data,serve,webui,qlora,eval,gguf,test
+EXTRAS ?= data,serve,webui,qlora,eval,gguf,grpo,test
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.roctune-setup

@@ -22,7 +22,9 @@ from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
-STAGES = ("sft", "dpo")
+STAGES = ("sft", "dpo", "grpo")
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
+REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
@@ -81,9 +83,10 @@ class TrainConfig:
     method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
                           "last N layers; full: every parameter", choices=METHODS, group="model",
                 zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
-    stage: str = setting("sft", "sft (supervised answers) or dpo (preference pairs: prompt/chosen/rejected, or "
-                         "LLaMA-Factory ranking data)", choices=STAGES, group="model",
-                zh=("训练阶段", "sft（监督学习回答）或 dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）"))
+    stage: str = setting("sft", "sft (supervised answers), dpo (preference pairs: prompt/chosen/rejected, or "
+                         "LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)", choices=STAGES,
+                         group="model",
+                zh=("训练阶段", "sft（监督学习回答）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
@@ -92,6 +95,59 @@ class TrainConfig:
     trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
                                       group="model", cli_only=True,
                 zh=("信任远程代码", "运行模型仓库中的代码（默认关闭；只能在命令行开启）"))
+    # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
+    num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
+                                   ge=2, le=1024, group="rl",
+                zh=("每个提示的生成数", "grpo：每个提示采样的回答数（优势在这一组内比较）"))
+    max_completion_length: int = setting(256, "grpo: tokens per completion at most (TRL: 512; 256 keeps CPU "
+                                         "rollouts short)", gt=0, le=1_000_000, group="rl",
+                zh=("最大生成长度", "grpo：每个回答最多的 token 数（TRL：512；256 让 CPU 上的采样更快）"))
+    temperature: float = setting(1.0, "grpo: sampling temperature of the rollouts (log-probs use the same)", gt=0,
+                                 le=100, group="rl",
+                zh=("采样温度", "grpo：采样回答时的温度（对数概率也用同一温度）"))
+    top_p: float = setting(1.0, "grpo: nucleus sampling of the rollouts", gt=0, le=1, group="rl",
+                zh=("top-p", "grpo：采样回答时的核采样阈值"))
+    kl_beta: float = setting(0.0, "grpo: weight of the KL penalty to the reference (TRL's beta; the reference is "
+                             "the base model, the adapter switched off: lora/qlora only)", ge=0, group="rl",
+                zh=("KL 系数", "grpo：到参考模型的 KL 惩罚权重（TRL 的 beta；参考模型是关闭适配器的基础模型：仅 lora/qlora）"))
+    epsilon: float = setting(0.2, "grpo: clip the importance ratio below at 1 - epsilon (and above, unless "
+                             "--epsilon-high)", gt=0, lt=1, group="rl",
+                zh=("裁剪范围 epsilon", "grpo：重要性比率下限裁剪到 1 - epsilon（未设 --epsilon-high 时上限同理）"))
+    epsilon_high: float | None = setting(None, "grpo: upper clip 1 + epsilon_high (DAPO uses 0.28; default: "
+                                         "--epsilon)", gt=0, group="rl",
+                zh=("上限裁剪 epsilon_high", "grpo：上限裁剪到 1 + epsilon_high（DAPO 用 0.28；默认等于 --epsilon）"))
+    loss_type: str = setting("dapo", "grpo: averaging of per-token terms: dapo (over the step's tokens), grpo (per "
+                             "completion, then over completions), dr_grpo (by completions x max length), bnpo "
+                             "(per micro-batch tokens)", choices=LOSS_TYPES, group="rl",
+                zh=("损失类型", "grpo：逐 token 项的平均方式：dapo（按本步全部 token）、grpo（先按回答再跨回答）、dr_grpo（除以回答数 × 最大长度）、bnpo（按微批次的 token）"))
+    scale_rewards: str = setting("group", "grpo: divide advantages by the reward std of the group, the batch, or "
+                                 "none (Dr. GRPO)", choices=("group", "batch", "none"), group="rl",
+                zh=("奖励缩放", "grpo：优势除以组内、整批的奖励标准差，或不缩放（Dr. GRPO）"))
+    importance_sampling_level: str = setting("token", "grpo: importance ratio per token, or per sequence (GSPO)",
+                                             choices=("token", "sequence"), group="rl",
+                zh=("重要性采样级别", "grpo：按 token 或按整条序列（GSPO）计算重要性比率"))
+    rewards: list[str] = setting([], "grpo: built-in rewards: answer (equals --answer-column), format "
+                                 "(--format-regex matches), length (soft overlong penalty), json (parses)",
+                                 choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",),
+                zh=("内置奖励", "grpo：内置奖励：answer（等于 --answer-column）、format（匹配 --format-regex）、length（超长软惩罚）、json（可解析）"))
+    reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
+                                        "the --reward-file functions (default: all 1)", metavar="W", group="rl",
+                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数（默认都为 1）"))
+    reward_file: list[str] = setting([], "grpo: your reward functions with TRL's convention, FILE.py or "
+                                     "FILE.py:NAME,... (code that runs here: command line only)", repeat=True,
+                                     metavar="FILE", group="rl", cli_only=True,
+                zh=("奖励函数文件", "grpo：你自己的奖励函数（TRL 约定），FILE.py 或 FILE.py:NAME,…（会在本机运行的代码：只能在命令行指定）"))
+    answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl",
+                zh=("答案列", "grpo：answer 奖励用来比较的数据列"))
+    format_regex: str = setting("", "grpo: the regular expression the format reward looks for (re.search; anchor "
+                                "with ^...$)", metavar="REGEX", group="rl",
+                zh=("格式正则", "grpo：format 奖励查找的正则表达式（re.search；用 ^...$ 锚定）"))
+    length_penalty_window: int = setting(0, "grpo: the length reward falls from 0 to -1 over the last N tokens "
+                                         "before --max-completion-length (0: a quarter of it)", ge=0, group="rl",
+                zh=("长度惩罚窗口", "grpo：在 --max-completion-length 之前的最后 N 个 token 内，length 奖励从 0 降到 -1（0：取其四分之一）"))
+    completion_samples_steps: int = setting(0, "grpo: every N steps, write the step's first completions with their "
+                                            "rewards to DIR/completions.jsonl (0: never)", ge=0, group="rl",
+                zh=("回答样例间隔", "grpo：每 N 步把本步的前几个回答及其奖励写入 DIR/completions.jsonl（0：从不）"))
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
     max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000, unset=-1,
@@ -252,6 +308,30 @@ class TrainConfig:
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
+        self.check_grpo()
+
+    def check_grpo(self) -> None:
+        import re
+
+        if self.stage != "grpo":
+            return
+        if not self.rewards and not self.reward_file:
+            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
+                              "--reward-file FILE.py")
+        if "format" in self.rewards:
+            if not self.format_regex:
+                raise ConfigError("--reward format needs --format-regex REGEX (e.g. '^<answer>.*</answer>$')")
+            try:
+                re.compile(self.format_regex)
+            except re.error as e:
+                raise ConfigError(f"--format-regex {self.format_regex!r}: not a regular expression ({e})") from None
+        for w in self.reward_weights:
+            check_number("--reward-weights", _number("--reward-weights", w, float))
+        if self.kl_beta > 0 and self.method not in ("lora", "qlora"):
+            raise ConfigError(f"--kl-beta needs the reference that LoRA gives for free (the adapter switched off); "
+                              f"with --method {self.method} use --kl-beta 0")
+        if self.fsdp:
+            raise ConfigError("--stage grpo samples with the whole model in each process; drop --fsdp")
 
     def _check_best(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0
@@ -332,6 +412,8 @@ def _check_utf8(name: str, value: Any) -> None:
 def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
     """A YAML, flag or `key=value` value as the field's type, with an error naming the key."""
     k = kind(f)
+    if value is None and str(f.type).endswith("| None"):  # an optional setting left at its default
+        return None
     if k == "list":
         if isinstance(value, str):
             return [v for v in value.replace(",", " ").split() if v]
@@ -437,14 +519,18 @@ GROUP_TITLES_ZH = {"data": "数据", "model": "模型与方法", "training": "�
                    "processes": "多进程（有效批大小 = 批大小 x 梯度累积 x 进程数）"}
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
-                "processes": "several processes (effective batch = batch-size x grad-accum x processes)"}
+                "processes": "several processes (effective batch = batch-size x grad-accum x processes)",
+                "rl": "reinforcement learning (--stage grpo)"}
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
     """One flag per setting, generated from the declarations (use with argument_default=SUPPRESS, so only the
-    flags given reach `from_sources`)."""
+    flags given reach `from_sources`). `names`: only those settings (another command reusing them, e.g. eval's
+    rewards; their defaults are left to `from_sources`)."""
     groups = {k: parser.add_argument_group(title) for k, title in GROUP_TITLES.items()}
     for f in fields():
+        if names is not None and f.name not in names:
+            continue
         meta, k = f.metadata, kind(f)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         help_text = meta["help"] + ("" if default in (None, "", [], False) or k == "bool" else f" (default {_show(default)})")
@@ -460,6 +546,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                       choices=meta["choices"])
         if k == "list" and meta["choices"]:
             kw["help"] += f" (any of {', '.join(meta['choices'])})"
+        if names is not None:
+            kw["default"] = argparse.SUPPRESS
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 
 

@@ -31,3 +31,8 @@ class EnvironmentProblem(RoctuneError):
     """The machine cannot do what was asked (no GPU, missing kernel or library)."""
 
     exit_code = 1
+
+
+class RewardError(RoctuneError):
+    """A reward function (built-in or the user's --reward-file) failed or returned unusable values; the message
+    names the function."""

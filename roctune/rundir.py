@@ -547,20 +547,22 @@ def total_steps(run_dir: str) -> int | None:
 
 
 def plot_loss(run_dir: str) -> None:
-    """loss.png from metrics.jsonl: train loss per step, eval loss where measured."""
+    """loss.png from metrics.jsonl: train loss per step, eval loss where measured; for a run that logs a mean
+    reward (GRPO, whose loss is near 0 by construction) the reward and eval reward instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
+    key = "reward" if rows and all("reward" in r for r in rows) else "loss"
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label="train loss")
-    ev = [r for r in rows if "eval_loss" in r]
+    ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}")
+    ev = [r for r in rows if f"eval_{key}" in r]
     if ev:
-        ax.plot([r["step"] for r in ev], [r["eval_loss"] for r in ev], "o-", label="eval loss")
+        ax.plot([r["step"] for r in ev], [r[f"eval_{key}"] for r in ev], "o-", label=f"eval {key}")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
+    ax.set_ylabel("mean reward (higher is better)" if key == "reward" else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -10,7 +10,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 LAYERS = [  # top first
     ("commands", ["cli", "commands", "__main__"]),
     ("front ends", ["webui", "serve", "bench", "doctor"]),
-    ("recipes and inference", ["recipes", "generate", "merge", "export", "eval"]),
+    ("recipes and inference", ["recipes", "generate", "decoding", "merge", "export", "eval"]),
     ("training engine", ["training"]),
     ("models", ["models", "methods", "memory"]),
     ("data formats", ["data"]),

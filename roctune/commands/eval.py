@@ -1,12 +1,15 @@
 """`roctune eval`: is the fine-tune better than its base model on held-out data, and where? For both models, on
 the same records: teacher-forced loss and perplexity (as training computes them), BLEU-4, ROUGE-1/2/L and exact
 match of greedy answers against the reference answers; a report (HTML, Markdown, predictions JSONL) in --output
-(default RUN/eval); --tasks runs lm-evaluation-harness benchmarks too."""
+(default RUN/eval); --tasks runs lm-evaluation-harness benchmarks too. With --reward/--reward-file (a GRPO run):
+--data holds prompts, and both models' greedy completions are scored by those rewards instead."""
 from __future__ import annotations
 
 import json
 import os
 import sys
+
+from roctune import config
 
 
 def register(sub) -> None:
@@ -27,7 +30,36 @@ def register(sub) -> None:
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
     p.add_argument("--trust-remote-code", action="store_true")
+    # scoring by GRPO's rewards instead (--data: prompts; --max-new-tokens: completion length), declared once in config
+    config.add_flags(p, REWARD_SETTINGS)
     p.set_defaults(func=run)
+
+
+REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "answer_column", "format_regex", "length_penalty_window")
+
+
+def run_rewards(args) -> int:
+    """--reward/--reward-file: mean reward of greedy completions, base vs fine-tuned, on held-out prompts."""
+    from roctune.data.prompts import load_prompts
+    from roctune.eval import rewards as rw
+    from roctune.eval.rewarded import evaluate_rewards
+    from roctune.generate import load_for_inference
+
+    cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
+    cfg.stage, cfg.max_completion_length = "grpo", args.max_new_tokens
+    cfg.check_grpo()
+    rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
+    load_prompts(args.data)
+    say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
+    result = evaluate_rewards(cfg, loaded, args.data, args.batch_size, say)
+    if args.json:
+        print(json.dumps({k: result[k] for k in ("n", "base", "tuned")}))
+        return 0
+    print(f"mean reward of greedy completions on {result['n']} held-out prompts (higher is better)")
+    for key in result["base"]:
+        print(f"  {key:<28} base {result['base'][key]:>8}   tuned {result['tuned'][key]:>8}")
+    return 0
 
 
 def _check(args) -> str | None:
@@ -49,6 +81,8 @@ def _check(args) -> str | None:
 
 
 def run(args) -> int:
+    if getattr(args, "rewards", None) or getattr(args, "reward_file", None):
+        return run_rewards(args)
     from roctune.eval import report
     from roctune.eval.run import Options, evaluate, prepare
 

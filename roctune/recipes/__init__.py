@@ -1,5 +1,6 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
-`sft` learns the answers of conversations; `dpo` prefers chosen over rejected answers. `train(cfg)` runs the
+`sft` learns the answers of conversations; `dpo` prefers chosen over rejected answers; `grpo` learns from rewards
+on its own completions. `train(cfg)` runs the
 recipe cfg.stage names; `prepare(cfg)` checks every input before anything loads or is written."""
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ def prepare(cfg, check_output: bool = True):
     trackers.check(cfg.report_to)  # a missing tracker package is reported before the data is read
     if cfg.stage == "dpo":
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
+    elif cfg.stage == "grpo":
+        from roctune.data.prompts import load_prompts as read  # prompts (and reward columns) to sample from
     elif cfg.streaming:
         from roctune.data.records import StreamedRecords as read  # checked and counted now, read again to tokenize
     else:
         from roctune.data.records import load_records as read
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
+    if cfg.stage == "grpo":  # the reward functions (and a --reward-file's import) before the model loads
+        from roctune.eval.rewards import build
+
+        build(cfg, cfg.reward_file)
     base_model = resolve_model(methods.start_model_name(cfg))
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
     if check_output:
@@ -40,7 +47,7 @@ def prepare(cfg, check_output: bool = True):
 # change (a larger --max-steps continues a finished run).
 RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
                 "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
-                "seed", "batch_size", "grad_accum")
+                "seed", "batch_size", "grad_accum", "num_generations")
 
 
 def _same(name: str, given, recorded) -> bool:
@@ -83,6 +90,8 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
     records, eval_records, base_model = prepare(cfg, check_output=main)
     if cfg.stage == "dpo":
         from roctune.recipes import dpo as recipe
+    elif cfg.stage == "grpo":
+        from roctune.recipes import grpo as recipe
     else:
         from roctune.recipes import sft as recipe
     target = cfg.output

@@ -13,7 +13,8 @@ The package, by responsibility:
   Settings (the server's limits);
 - constrain.py: constrained decoding with llguidance (response_format, forced tool calls);
 - adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
-- decode.py: one request's decoding row, sampling, and the batch tensors;
+- decode.py: one request's decoding row (the batch tensors and sampling are roctune.decoding's, shared with
+  GRPO's rollouts);
 - engine.py: Engine, the continuous-batching worker, and build_engine;
 - completions.py and app.py: the FastAPI routes (create_app);
 - server.py: check_host (no open non-loopback server by accident), bind_socket, uvicorn_config and ServerThread

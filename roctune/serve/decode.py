@@ -1,14 +1,20 @@
 """Decoding state for the engine: `GenRequest` (one completion to produce), `Row` (one request inside a batch:
-its generated ids, the text sent so far, stop strings, its sampler) and `Batch` (the rows decoded together,
-with their KV cache and attention mask) with the tensor operations on it: left-padded prompts, joining two
-batches, dropping finished rows. torch is imported inside the functions that need it."""
+its generated ids, the text sent so far, stop strings, its sampler). The batch itself (`Batch`: rows decoded
+together with their KV cache and attention mask) and its tensor operations (left-padded prompts, joining two
+batches, dropping finished rows, sampling) are in roctune.decoding, shared with GRPO's rollouts. torch is imported
+inside the functions that need it."""
 
 import random
 from dataclasses import dataclass
 from typing import Callable
 
+from roctune.decoding import Batch, advance, cache_joinable, join, keep_rows, left_pad, sample
 from roctune.serve.errors import ApiError, generation_failed
 from roctune.serve.schemas import Sampling
+
+# the batch tensor operations live in roctune.decoding (GRPO's rollouts use them too); re-exported for serve
+__all__ = ["Batch", "GenRequest", "Row", "advance", "cache_joinable", "fail", "join", "keep_rows", "left_pad",
+           "sample", "send"]
 
 
 @dataclass
@@ -121,102 +127,3 @@ class Row:
                     safe -= k
                     break
         return safe
-
-
-def sample(logits, temperature: float, top_p: float, gen):
-    """A token drawn from `logits` (one row) at `temperature`, within the top-p nucleus. A temperature so small
-    that the scaled logits overflow (1e-300) is what it tends to: the most likely token."""
-    import torch
-
-    scaled = logits.float() / temperature
-    if not torch.isfinite(scaled.max()):
-        return int(logits.argmax())
-    probs = torch.softmax(scaled, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
-        sorted_p[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-    return int(torch.multinomial(probs, 1, generator=gen)[0])
-
-
-# ------------------------------------------------------------------------------------------------ batches
-@dataclass
-class Batch:
-    """The rows being decoded together: their KV cache, attention mask, last positions and next logits."""
-
-    rows: list
-    cache: object
-    mask: object
-    last_pos: object
-    logits: object
-    joinable: bool
-
-
-def left_pad(prompts: list[list[int]], pad_id: int):
-    """(ids, mask, positions) of the prompts, left-padded to the longest one."""
-    import torch
-
-    n, width = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, pos
-
-
-def cache_joinable(cache) -> bool:
-    """Whether the cache's layers are plain tensors that `join` and `keep_rows` can cut and stack."""
-    return all(type(layer).__name__ == "DynamicLayer" and hasattr(layer, "keys")
-               for layer in getattr(cache, "layers", [None]))
-
-
-def join(a: Batch, b: Batch) -> Batch:
-    """One batch from two: the shorter cache is padded on the left (masked), then rows are stacked."""
-    import torch
-
-    if not b.joinable:
-        raise RuntimeError("this model's cache cannot be merged")
-    width = max(a.mask.shape[1], b.mask.shape[1])
-
-    def pad(t, dim: int):
-        missing = width - t.shape[dim]
-        if missing == 0:
-            return t
-        shape = list(t.shape)
-        shape[dim] = missing
-        return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
-    for la, lb in zip(a.cache.layers, b.cache.layers):
-        la.keys = torch.cat([pad(la.keys, 2), pad(lb.keys, 2)], dim=0)
-        la.values = torch.cat([pad(la.values, 2), pad(lb.values, 2)], dim=0)
-    a.mask = torch.cat([pad(a.mask, 1), pad(b.mask, 1)], dim=0)
-    a.last_pos = torch.cat([a.last_pos, b.last_pos], dim=0)
-    a.logits = torch.cat([a.logits, b.logits], dim=0)
-    a.rows += b.rows
-    return a
-
-
-def keep_rows(st: Batch, keep: list[int]) -> None:
-    """Drop every row of `st` but those at indices `keep`, then the columns that are now padding for all."""
-    import torch
-
-    sel = torch.tensor(keep, device=st.mask.device)
-    st.cache.batch_select_indices(sel)
-    st.mask, st.last_pos = st.mask[sel], st.last_pos[sel]
-    st.rows = [st.rows[j] for j in keep]
-    lead = int((st.mask.cumsum(1) == 0).sum(1).min())  # columns now padding for every row
-    if lead >= 16 and st.joinable:
-        st.mask = st.mask[:, lead:]
-        for layer in st.cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
-
-
-def advance(st: Batch) -> None:
-    """Move every row one position on: the next token is attended to at the next position."""
-    import torch
-
-    st.last_pos = st.last_pos + 1
-    st.mask = torch.cat([st.mask, torch.ones((len(st.rows), 1), dtype=st.mask.dtype, device=st.mask.device)], 1)

@@ -78,7 +78,25 @@ def launcher_command(cfg, config_path: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc),
             "--nnodes", str(cfg.nnodes), "--node-rank", str(cfg.node_rank),
             "--master-addr", addr, "--master-port", str(port),
-            "-m", "roctune", "train", "--config", config_path] + (["--trust-remote-code"] if cfg.trust_remote_code else [])
+            "-m", "roctune", "train", "--config", config_path] + cli_only_flags(cfg)
+
+
+def cli_only_flags(cfg) -> list[str]:
+    """The command-line-only settings (--trust-remote-code, --reward-file) as flags for the child processes: a
+    config file may not carry them, so they travel on the command line as the user gave them."""
+    from roctune.config import fields, flag, kind
+
+    out: list[str] = []
+    for f in fields():
+        value = getattr(cfg, f.name)
+        if not f.metadata.get("cli_only") or value in (None, False, []):
+            continue
+        if kind(f) == "bool":
+            out.append(flag(f.name))
+        else:
+            for v in value if isinstance(value, list) else [value]:
+                out += [flag(f.name), str(v)]
+    return out
 
 
 def launch(cfg, say=log.info) -> int:
@@ -88,7 +106,10 @@ def launch(cfg, say=log.info) -> int:
 
     world = cfg.nproc * cfg.nnodes
     say(f"launching {cfg.nproc} process(es) on this node ({world} in all, {cfg.nnodes} node(s))")
-    settings = {k: v for k, v in cfg.to_dict().items() if k != "trust_remote_code"}
+    from roctune.config import fields
+
+    cli_only = {f.name for f in fields() if f.metadata.get("cli_only")}
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in cli_only}
     fd, path = tempfile.mkstemp(prefix="roctune-launch-", suffix=".yaml")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

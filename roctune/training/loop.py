@@ -17,7 +17,7 @@ Several processes (torchrun; see roctune.training.distributed):
 - Only rank 0 writes run.yaml, metrics.jsonl and checkpoints; the others wait at barriers.
 
 Best weights and early stopping. With --early-stopping-patience K or --load-best, every evaluation whose eval loss
-is the lowest so far writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
+is the lowest so far (the Task's best_metric: GRPO keeps the highest eval reward) writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
 a lower eval loss end training there. With --load-best, each process also keeps a CPU copy of its own trainable
 tensors at the best evaluation (its shards under FSDP) and puts them back when training ends, so the model that
 `session.save_final` saves is the best one, whatever the method or number of processes. Every rank computes the same eval loss (summed over ranks), so all ranks take the same decision.
@@ -70,6 +70,11 @@ class Task:
     eval_metrics: Callable[[dict[str, float]], dict[str, float]] = field(default=lambda s: {})
     derived: Callable[[dict], None] = field(default=lambda row: None)
     before_training: Callable[[Any, list[int]], None] | None = None
+    rollout: Callable[[Any, list, int], tuple[list, dict[str, float]]] | None = None
+    expand: int = 1
+    best_metric: str = "eval_loss"
+    higher_is_better: bool = False
+    show: str = "loss"  # the metric the progress line shows
 
 
 def autocast(setup: Setup):
@@ -150,8 +155,8 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
     finally:
         state.trackers.close()
     if summary.get("best_step") is not None:
-        say(f"best eval loss {summary['best_eval_loss']:.4f} at step {summary['best_step']}: kept in "
-            f"{rundir.best_dir(cfg.output)}")
+        say(f"best {task.best_metric.replace('_', ' ')} {summary['best_value']:.4f} at step {summary['best_step']}: "
+            f"kept in {rundir.best_dir(cfg.output)}")
         if cfg.load_best:
             said = state.load_best(model)
             summary["saved_final"] = summary["saved_final"] and state.best_weights is None
@@ -189,9 +194,11 @@ class _State:
         self.trackers = Trackers([], cfg.output, {})
         self.save = None  # fit() sets the recipe's final save
         self.status_at = 0.0  # when status.json was last written
+        self.model = None  # run() sets the model the rollouts sample from
+        self.rollout_sums: dict[str, float] = {}  # the last rollout's sums over ranks, for the step's row
 
     def run(self, model, optimizer, scheduler, start: int, say, progress: bool) -> dict:
-        self.say = say
+        self.say, self.model = say, model
         total = len(self.steps)
         bar = Progress(total, start, enabled=progress and self.dist.is_main)
         t_start, tokens_done, losses, last, done, stop = time.perf_counter(), 0, [], {}, start, False
@@ -215,8 +222,8 @@ class _State:
                 losses.append(last["loss"])
                 self.log_row(last, force=stop)
                 self.status("training", done, total, last, t_start, start, force=stop or done == total)
-                bar.update(done, f"loss {last['loss']:.4f}  {tokens_done / (time.perf_counter() - t_start):,.0f} "
-                           "tok/s", say)
+                bar.update(done, f"{self.task.show} {last[self.task.show]:.4f}  "
+                           f"{tokens_done / (time.perf_counter() - t_start):,.0f} tok/s", say)
                 if stop:
                     break
                 # the last step is checkpointed too (as transformers' Trainer does): a finished run can be continued
@@ -230,6 +237,7 @@ class _State:
         best = self.best or {}
         return {"steps": done, "planned_steps": total, "stopped_early": stop, "saved_final": saved,
                 "best_step": best.get("step"), "best_eval_loss": best.get("eval_loss"),
+                "best_value": best.get(self.task.best_metric),
                 "final_loss": losses[-1] if losses else None,
                 "mean_loss": sum(losses) / len(losses) if losses else None,
                 "tokens_per_s": tokens_done / elapsed if elapsed > 0 else 0.0, "seconds": elapsed,
@@ -249,11 +257,12 @@ class _State:
 
     def after_eval(self, model, row: dict, say) -> bool:
         """Keep the best weights (with --early-stopping-patience or --load-best); True when training should stop:
-        K evaluations in a row without a lower eval loss."""
-        if not self.keep_best or "eval_loss" not in row:
+        K evaluations in a row without a better Task.best_metric (a lower eval loss; GRPO: a higher eval reward)."""
+        m = self.task.best_metric
+        if not self.keep_best or m not in row:
             return False
-        if self.best is None or row["eval_loss"] < self.best["eval_loss"]:
-            self.best, self.bad = {"step": row["step"], "eval_loss": row["eval_loss"]}, 0
+        if self.best is None or m not in self.best or self.better(row[m], self.best[m]):
+            self.best, self.bad = {"step": row["step"], m: row[m]}, 0
             if self.cfg.load_best:
                 self.best_weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()
                                      if p.requires_grad}
@@ -266,8 +275,8 @@ class _State:
         self.bad += 1
         patience = self.cfg.early_stopping_patience
         if patience and self.bad >= patience:
-            say(f"early stopping at step {row['step']}: eval loss has not improved for {self.bad} evaluations "
-                f"(best {self.best['eval_loss']:.4f} at step {self.best['step']})")
+            say(f"early stopping at step {row['step']}: {m.replace('_', ' ')} has not improved for {self.bad} "
+                f"evaluations (best {self.best[m]:.4f} at step {self.best['step']})")
             return True
         return False
 
@@ -282,8 +291,12 @@ class _State:
             for n, p in model.named_parameters():
                 if n in self.best_weights:
                     p.copy_(self.best_weights[n].to(p.device))
-        return (f"--load-best: the final adapter is the best one (step {self.best['step']}, eval loss "
-                f"{self.best['eval_loss']:.4f})")
+        m = self.task.best_metric
+        return (f"--load-best: the final adapter is the best one (step {self.best['step']}, "
+                f"{m.replace('_', ' ')} {self.best[m]:.4f})")
+
+    def better(self, value: float, best: float) -> bool:
+        return value > best if self.task.higher_is_better else value < best
 
     def eval_due(self, done: int) -> bool:
         return (self.cfg.eval_steps and done % self.cfg.eval_steps == 0) or done == len(self.steps)
@@ -291,15 +304,20 @@ class _State:
     def accumulate(self, step: int, say) -> tuple[dict[str, float], int, float]:
         """Forward and backward of this rank's micro-batches of `step`; returns (metric sums over all ranks,
         tokens over all ranks, the step's normaliser). An out-of-memory error drops the half-accumulated step
-        and, with --auto-batch, retries it with half the micro-batch."""
+        and, with --auto-batch, retries it with half the micro-batch (the rollout is not redone)."""
         task, plan = self.task, self.steps[step]
         mine = plan[self.dist.rank::self.dist.world_size] if self.dist.enabled else plan
-        norm = max(1e-12, sum(task.weight(task.items[i]) for mb in plan for i in mb))
+        if task.rollout is not None:
+            groups, fallback, norm = self.rollout(mine, plan, step)
+        else:
+            groups = [[task.items[i] for i in mb] for mb in mine]
+            fallback = task.items[plan[0][0]]
+            norm = max(1e-12, sum(task.weight(task.items[i]) for mb in plan for i in mb))
         while True:
-            micro = [[task.items[i] for i in mb[s:s + self.micro_size]] for mb in mine
-                     for s in range(0, len(mb), self.micro_size)]
+            size = self.micro_size * task.expand
+            micro = [g[s:s + size] for g in groups for s in range(0, len(g), size)]
             try:
-                sums, n_tok = self.backward_all(micro, plan, norm)
+                sums, n_tok = self.backward_all(micro, fallback, norm)
                 break
             except Exception as e:  # noqa: BLE001 - only out-of-memory errors are handled
                 if not is_out_of_memory(e):
@@ -310,11 +328,35 @@ class _State:
             sums, n_tok = dict(zip(sums, values[:-1])), int(values[-1])
         return sums, n_tok, norm
 
-    def backward_all(self, micro: list[list], plan, norm: float) -> tuple[dict[str, float], int]:
+    def rollout(self, mine: list, plan: list, step: int) -> tuple[list[list], Any, float]:
+        """The task's rollout of this rank's prompts on the bare model, without gradients (outside DDP and
+        autocast); returns (the trained items of each micro-batch, an item for a rank with none, the step's
+        normaliser over every rank). The rollout's sums over ranks are kept for the step's row."""
+        import torch
+
+        task = self.task
+        prompts = [task.items[i] for mb in mine for i in mb] or [task.items[plan[0][0]]]  # a rank with none joins
+        with torch.no_grad():
+            made, sums = task.rollout(self.model, prompts, step)
+        if not mine:
+            groups, sums = [], {k: 0.0 for k in sums}
+        else:
+            bounds = [0]
+            for mb in mine:
+                bounds.append(bounds[-1] + len(mb) * task.expand)
+            groups = [made[a:b] for a, b in zip(bounds, bounds[1:])]
+        weight = sum(task.weight(x) for g in groups for x in g)
+        if self.dist.enabled:
+            values = distributed.sum_numbers(self.dist, [weight] + list(sums.values()), self.setup.device)
+            weight, sums = values[0], dict(zip(sums, values[1:]))
+        self.rollout_sums = sums
+        return groups, made[0], max(1e-12, weight)
+
+    def backward_all(self, micro: list[list], fallback, norm: float) -> tuple[dict[str, float], int]:
         sums = {k: 0.0 for k in ("loss",) + self.task.metric_names}
         n_tok = 0
         if not micro:  # a rank with nothing left in a short last step still joins the gradient all-reduce
-            micro, weight = [[self.task.items[plan[0][0]]]], 0.0
+            micro, weight = [[fallback]], 0.0
         else:
             weight = 1.0
         for j, items in enumerate(micro):
@@ -349,6 +391,7 @@ class _State:
         for k in self.task.metric_names:
             row[k] = round(sums[k] / norm, 6)
         row[self.task.norm_name] = round(norm, 6) if norm != int(norm) else int(norm)
+        row.update(self.rollout_sums)
         self.task.derived(row)
         if grad_norm is not None:
             row["grad_norm"] = round(grad_norm, 6)
@@ -359,7 +402,7 @@ class _State:
 
     def log_row(self, row: dict, force: bool = False) -> None:
         if self.dist.is_main and (force or row["step"] % self.cfg.logging_steps == 0
-                                  or row["step"] == len(self.steps) or "eval_loss" in row):
+                                  or row["step"] == len(self.steps) or self.task.best_metric in row):
             rundir.append_metrics(self.cfg.output, row)
             self.trackers.log(row)
 

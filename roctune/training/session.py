@@ -163,7 +163,8 @@ def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: in
     import roctune
 
     resolved = cfg.to_dict()
-    resolved.update({"resume": False, "overwrite": False, "trust_remote_code": False})
+    # settings that run code (a model's, a reward file's) are never recorded as if they could be replayed
+    resolved.update({"resume": False, "overwrite": False, "trust_remote_code": False, "reward_file": []})
     rundir.write_run(cfg.output, {
         "roctune_version": roctune.__version__,
         "base_model": setup.base_model,

@@ -1,0 +1,167 @@
+"""Batched decoding with a KV cache, shared by `roctune serve` (continuous batching, roctune.serve.engine) and GRPO's
+rollouts (`sample_completions`): left-padded prompts, the decoding state of a batch (`Batch`), dropping finished
+rows, joining two batches, and sampling at a temperature within a top-p nucleus. A PEFT model decodes with its
+adapters applied unmerged, as it trains. torch is imported inside the functions that need it."""
+from dataclasses import dataclass
+
+
+def sample(logits, temperature: float, top_p: float, gen):
+    """A token drawn from `logits` (one row) at `temperature`, within the top-p nucleus. A temperature so small
+    that the scaled logits overflow (1e-300) is what it tends to: the most likely token."""
+    import torch
+
+    scaled = logits.float() / temperature
+    if not torch.isfinite(scaled.max()):
+        return int(logits.argmax())
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+        sorted_p[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+    return int(torch.multinomial(probs, 1, generator=gen)[0])
+
+
+# ------------------------------------------------------------------------------------------------ batches
+@dataclass
+class Batch:
+    """The rows being decoded together: their KV cache, attention mask, last positions and next logits."""
+
+    rows: list
+    cache: object
+    mask: object
+    last_pos: object
+    logits: object
+    joinable: bool
+
+
+def left_pad(prompts: list[list[int]], pad_id: int):
+    """(ids, mask, positions) of the prompts, left-padded to the longest one."""
+    import torch
+
+    n, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, pos
+
+
+def cache_joinable(cache) -> bool:
+    """Whether the cache's layers are plain tensors that `join` and `keep_rows` can cut and stack."""
+    return all(type(layer).__name__ == "DynamicLayer" and hasattr(layer, "keys")
+               for layer in getattr(cache, "layers", [None]))
+
+
+def join(a: Batch, b: Batch) -> Batch:
+    """One batch from two: the shorter cache is padded on the left (masked), then rows are stacked."""
+    import torch
+
+    if not b.joinable:
+        raise RuntimeError("this model's cache cannot be merged")
+    width = max(a.mask.shape[1], b.mask.shape[1])
+
+    def pad(t, dim: int):
+        missing = width - t.shape[dim]
+        if missing == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+    for la, lb in zip(a.cache.layers, b.cache.layers):
+        la.keys = torch.cat([pad(la.keys, 2), pad(lb.keys, 2)], dim=0)
+        la.values = torch.cat([pad(la.values, 2), pad(lb.values, 2)], dim=0)
+    a.mask = torch.cat([pad(a.mask, 1), pad(b.mask, 1)], dim=0)
+    a.last_pos = torch.cat([a.last_pos, b.last_pos], dim=0)
+    a.logits = torch.cat([a.logits, b.logits], dim=0)
+    a.rows += b.rows
+    return a
+
+
+def keep_rows(st: Batch, keep: list[int]) -> None:
+    """Drop every row of `st` but those at indices `keep`, then the columns that are now padding for all."""
+    import torch
+
+    sel = torch.tensor(keep, device=st.mask.device)
+    st.cache.batch_select_indices(sel)
+    st.mask, st.last_pos = st.mask[sel], st.last_pos[sel]
+    st.rows = [st.rows[j] for j in keep]
+    lead = int((st.mask.cumsum(1) == 0).sum(1).min())  # columns now padding for every row
+    if lead >= 16 and st.joinable:
+        st.mask = st.mask[:, lead:]
+        for layer in st.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+
+def advance(st: Batch) -> None:
+    """Move every row one position on: the next token is attended to at the next position."""
+    import torch
+
+    st.last_pos = st.last_pos + 1
+    st.mask = torch.cat([st.mask, torch.ones((len(st.rows), 1), dtype=st.mask.dtype, device=st.mask.device)], 1)
+
+
+# ------------------------------------------------------------------------------------------- rollouts
+def sample_rows(logits, temperature: float, top_p: float, gen) -> list[int]:
+    """One token per row of `logits` [rows, vocab] at `temperature` within the top-p nucleus, drawn with `gen`
+    (all rows in one draw: a batch's sampling costs one call whatever its size); temperature 0 is greedy."""
+    import torch
+
+    if temperature <= 0:
+        return logits.argmax(dim=-1).tolist()
+    scaled = logits.float() / temperature
+    if not torch.isfinite(scaled.max(dim=-1).values).all():  # a temperature so small it overflows: greedy
+        return logits.argmax(dim=-1).tolist()
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
+        sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p] = 0.0  # keep the smallest set reaching top_p
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1).tolist()
+
+
+def cache_argument(model) -> str:
+    """The name of the forward pass's KV-cache argument (transformers renamed past_key_values to cache)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def _last_logits(model, cache_arg: str, cache, **inputs):
+    out = model(use_cache=True, logits_to_keep=1, **inputs, **{cache_arg: cache})
+    return out.logits[:, -1, :].float()
+
+
+def sample_completions(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                       eos_ids: set, pad_id: int, gen, device: str) -> list[list[int]]:
+    """Completions of `prompts` (token ids), decoded together with a KV cache: one prefill of the left-padded
+    prompts, then one forward per token for the rows still going; a row ends at an end-of-sequence token (kept as
+    its last token) or after `max_new_tokens`. Runs without gradients; the caller puts the model in eval mode."""
+    import torch
+    from transformers import DynamicCache
+
+    cache_arg = cache_argument(model)
+    ids, mask, pos = (t.to(device) for t in left_pad(prompts, pad_id))
+    cache = DynamicCache(config=model.config)
+    out: list[list[int]] = [[] for _ in prompts]
+    with torch.inference_mode():
+        logits = _last_logits(model, cache_arg, cache, input_ids=ids, attention_mask=mask, position_ids=pos)
+        st = Batch(list(range(len(prompts))), cache, mask, pos[:, -1:], logits, cache_joinable(cache))
+        while True:
+            keep, nxt = [], []
+            for j, (r, tok) in enumerate(zip(st.rows, sample_rows(st.logits, temperature, top_p, gen))):
+                out[r].append(tok)
+                if tok not in eos_ids and len(out[r]) < max_new_tokens:
+                    keep.append(j)
+                    nxt.append(tok)
+            if not keep:
+                return out
+            if len(keep) < len(st.rows):
+                keep_rows(st, keep)
+            advance(st)
+            st.logits = _last_logits(model, cache_arg, st.cache, input_ids=torch.tensor(nxt, device=device)[:, None],
+                                     attention_mask=st.mask, position_ids=st.last_pos)
