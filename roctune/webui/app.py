@@ -100,9 +100,10 @@ def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", bl
     """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
     A proxy in the environment or a busy machine does not stop it (see roctune.webui.server); what does is one
     line (EnvironmentProblem). Returns the app."""
-    from roctune.webui.server import bypass_proxy, check_host, launch_options
+    from roctune.webui.server import bypass_proxy, check_host, check_port, launch_options
 
     check_host(host, auth)
+    check_port(host, port)
     bypass_proxy(host)
     app = build_app(run_root, root, trust_remote_code)
     extra = dict(getattr(app, "_roctune_launch", {}), **launch_options(app.launch))
