@@ -612,5 +612,9 @@ def test_every_text_of_the_page_has_its_chinese(tmp_path):
         assert i18n.t("started: {command}", command="roctune train") == "已开始：roctune train"
         assert error_line("train", ConfigError("--lr must be > 0")) == "出错：roctune train: error: --lr must be > 0"
     assert error_line("train", ConfigError("--lr must be > 0")) == "roctune train: error: --lr must be > 0"
+    from roctune.webui import Workspace
+
+    with i18n.language("zh"), pytest.raises(ConfigError, match="在工作区 .* 之外"):
+        Workspace(str(tmp_path)).path("/etc/passwd", "--data")  # the page's own messages are translated
     # every setting declares its Chinese label and help beside the English ones
     assert all(s["label_zh"] and s["help_zh"] and s["help_zh"] != s["help"] for s in config.form_fields())

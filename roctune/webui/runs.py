@@ -60,8 +60,11 @@ def build(gr, ws) -> SimpleNamespace:
 
     @guard("webui", 2)
     def on_refresh():
+        import pandas as pd
+
         rows = run_rows(ws)
-        return box(t("{n} run(s) in {root}", n=len(rows), root=ws.root), "info"), rows
+        table = pd.DataFrame(rows, columns=[t(c) for c in COLUMNS])  # the headers in the page's language
+        return box(t("{n} run(s) in {root}", n=len(rows), root=ws.root), "info"), table
 
     @guard("webui", 1)
     def on_pick(run):
