@@ -289,6 +289,7 @@ def _every_panel(page, tmp_path, lang: str, expect) -> None:
         expect(page.locator(anchor).first).to_be_visible()
         if lang == "zh":
             expect(page.get_by_text(text).first).to_be_visible()
+        page.wait_for_timeout(1000)  # what the tab's select event loads (the runs table) settles
         _shot(page, tmp_path, f"{en.lower()}-{lang}", full_page=False)
 
 
@@ -297,6 +298,7 @@ def test_browser_languages_lists_train_and_runs(server, browser, tmp_path, tiny_
     """Chinese on every panel (and remembered); a dataset, model and run picked from lists; a short run on a
     tiny model followed through its status file; the Runs panel lists it as done; the previewed command is the
     one that ran."""
+    import yaml
     from playwright.sync_api import expect
 
     url, _app = server
@@ -341,8 +343,9 @@ def test_browser_languages_lists_train_and_runs(server, browser, tmp_path, tiny_
         expect(page.locator("#rt-estimate-out")).to_contain_text("batch 4 x 48 tokens")
         page.locator("#rt-preview-command").click()
         expect(page.locator("#rt-command")).to_contain_text("# roctune train --data=")
-        previewed = next(line[2:].strip() for line in page.locator("#rt-command").inner_text().splitlines()
-                         if line.startswith("# roctune train "))
+        shown = page.locator("#rt-command .cm-content").inner_text()
+        previewed = next(line[2:].strip() for line in shown.splitlines() if line.startswith("# roctune train "))
+        settings = yaml.safe_load(shown)  # the YAML under the command
         assert "--model=" in previewed and "--max-steps=30" in previewed, previewed
         page.locator("#rt-start").click()
         status = page.locator("#rt-train-status")
@@ -357,6 +360,8 @@ def test_browser_languages_lists_train_and_runs(server, browser, tmp_path, tiny_
         _shot(page, tmp_path, "train-done-en", full_page=False)
         assert (run_dir / "adapter_model.safetensors").is_file()
         assert json.load(open(run_dir / "status.json"))["phase"] == "done"
+        recorded = yaml.safe_load(open(run_dir / "run.yaml"))["config"]
+        assert settings and {k: recorded[k] for k in settings} == settings  # what ran is what was previewed
 
         # Runs: the run is listed as done; the two runs' curves side by side
         page.get_by_role("tab", name="Runs").click()
