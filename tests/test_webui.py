@@ -623,3 +623,34 @@ def test_every_text_of_the_page_has_its_chinese(tmp_path):
         Workspace(str(tmp_path)).path("/etc/passwd", "--data")  # the page's own messages are translated
     # every setting declares its Chinese label and help beside the English ones
     assert all(s["label_zh"] and s["help_zh"] and s["help_zh"] != s["help"] for s in config.form_fields())
+
+
+def test_settings_are_saved_and_loaded_as_yaml_in_the_workspace(tmp_path):
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from types import SimpleNamespace
+
+    from roctune.webui import Workspace
+    from roctune.webui.train import settings_handlers
+    from roctune.webui.train_form import form_specs
+
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    names = [s["name"] for s in form_specs()]
+    ui = SimpleNamespace(fields=dict.fromkeys(names))
+    on_preview, on_save, on_load = settings_handlers(ui, Workspace(str(tmp_path)))
+    values = {"data": ["a.jsonl"], "output": "runs/x", "max_steps": "12", "lr": 0.001, "lora_r": 16}
+    row = [values.get(n) for n in names]
+    status, shown = on_save("s.yaml", *row)
+    assert "settings saved to" in status and shown.startswith("# roctune train --data=")
+    saved = (tmp_path / "s.yaml").read_text()
+    assert "max_steps: 12" in saved and "lora_r: 16" in saved and "lr: 0.001" in saved
+    assert on_preview(*row)[1] == shown
+    status, _ = on_save("s.yaml", *row)  # never over an existing file
+    assert "already exists" in status and (tmp_path / "s.yaml").read_text() == saved
+    assert "outside the workspace" in on_save("../s.yaml", *row)[0]
+    loaded = on_load("s.yaml")
+    form = dict(zip(names, loaded[2:]))
+    assert "settings loaded from" in loaded[0] and loaded[1] == shown
+    assert (form["max_steps"], form["lora_r"], form["lr"]) == ("12", 16, 0.001)
+    assert form["data"] == [os.path.join(os.path.realpath(tmp_path), "a.jsonl")]
+    (tmp_path / "bad.yaml").write_text("trust_remote_code: true\n")
+    assert "can only be given on the command line" in on_load("bad.yaml")[0]
