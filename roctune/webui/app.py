@@ -60,7 +60,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                  "models": [train_ui.fields["model"], chat_ui.model],
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
-        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.timer.tick], lang)
+        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change], lang)
         _wire_language(gr, app, picker, lang, saved)
         app._roctune_state = state
         app._roctune_workspace = ws
@@ -68,8 +68,8 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
 
 
 def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
-    """Fill every dropdown with what the workspace holds, when the page loads and on `events` (Refresh, and the
-    Train panel's timer, so a finished run shows up at once)."""
+    """Fill every dropdown with what the workspace holds, when the page loads and on `events` (Refresh, and a
+    run finishing on the Train panel, so it shows up at once)."""
     targets = [c for kind in lists for c in lists[kind]]
 
     @guard("webui", len(targets))
