@@ -289,6 +289,8 @@ def _every_panel(page, tmp_path, lang: str, expect) -> None:
         expect(page.locator(anchor).first).to_be_visible()
         if lang == "zh":
             expect(page.get_by_text(text).first).to_be_visible()
+            if en == "Doctor":  # HTML the server makes follows the language too
+                expect(page.locator("#rt-doctor")).to_contain_text("结果（原因、修复）")
         page.wait_for_timeout(1000)  # what the tab's select event loads (the runs table) settles
         _shot(page, tmp_path, f"{en.lower()}-{lang}", full_page=False)
 
@@ -487,6 +489,7 @@ def _get(url: str) -> int:
         return r.status
 
 
+@pytest.mark.slow  # two server starts beside a CPU-bound process: ~20 s on 2 cores
 def test_webui_starts_behind_a_proxy_on_a_busy_machine(tmp_path):
     """http_proxy set without no_proxy, a CPU-bound process beside it: the page serves; a second start on the
     same port is one line, no traceback."""

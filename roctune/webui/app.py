@@ -43,7 +43,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
             where._rt_template = template
             refresh = gr.Button("Refresh the lists", size="sm", scale=0, min_width=160, elem_id="rt-refresh")
         with gr.Tabs():
-            doctor.build(gr, app, lang)
+            doctor_again = doctor.build(gr, app, lang)
             data_ui = data.build(gr, ws)
             train_ui = train.build(gr, run_root, ws.trust_remote_code)
             runs_ui = runs.build(gr, ws)
@@ -61,7 +61,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
         _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change], lang)
-        _wire_language(gr, app, picker, lang, saved)
+        _wire_language(gr, app, picker, lang, saved, again=[doctor_again])
         app._roctune_state = state
         app._roctune_workspace = ws
     return app
@@ -81,8 +81,9 @@ def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
         event(on_lists, [lang], targets, show_progress="hidden")
 
 
-def _wire_language(gr, app, picker, lang, saved) -> None:
-    """The language switch: every text of the page follows it, and the browser remembers it (BrowserState)."""
+def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
+    """The language switch: every text of the page follows it, and the browser remembers it (BrowserState);
+    `again` are (handler, output) pairs whose HTML is made on the server, run again in the new language."""
     items = i18n.translatable(app)
     comps = [block for block, _ in items]
 
@@ -90,7 +91,9 @@ def _wire_language(gr, app, picker, lang, saved) -> None:
         code = i18n.LANGS.get(name, "en")
         return (i18n.Lang(code), code, *i18n.updates(gr, items, code))
 
-    picker.change(on_switch, picker, [lang, saved, *comps], show_progress="hidden")
+    switched = picker.change(on_switch, picker, [lang, saved, *comps], show_progress="hidden")
+    for handler, output in again:
+        switched = switched.then(handler, [lang], output)
     names = {code: name for name, code in i18n.LANGS.items()}
     app.load(lambda code: names.get(code, "English"), saved, picker, show_progress="hidden")
 
