@@ -43,11 +43,12 @@ demo: setup
 	  --epochs 6 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 128 --batch-size 4 --grad-accum 1
 	$(VENV)/bin/roctune generate --adapter runs/demo --compare --input examples/identity_prompts.jsonl --max-new-tokens 48
 
-# Debian's chromium for the web UI's browser test (Playwright drives it; no browser download).
+# Debian's chromium for the web UI's browser test (Playwright drives it; no browser download), and a Chinese font
+# so the page's Chinese screenshots show characters.
 browser:
-	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
-	  else echo "browser: chromium is missing; install it as root: apt-get update && apt-get install -y chromium" >&2; exit 1; fi; }
+	@{ command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium; } && fc-list :lang=zh | grep -q . || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium fonts-wqy-microhei; \
+	  else echo "browser: chromium or a Chinese font is missing; install them as root: apt-get update && apt-get install -y chromium fonts-wqy-microhei" >&2; exit 1; fi; }
 
 test: setup browser
 	$(PY) -m pytest -q tests

@@ -67,7 +67,7 @@ def test_form_becomes_the_command_and_yaml_train_reads(tmp_path):
     assert yaml.safe_load(text)["max_steps"] == 12
     # the form shows an unset max steps as an empty box, not -1
     names = ["max_steps", "data", "model", "target_modules"]
-    assert form_values(from_sources(None, {}), names) == [None, [], None, "auto"]
+    assert form_values(from_sources(None, {}), names) == ["", [], None, "auto"]
 
 
 def test_page_shows_the_cli_error_line(tmp_path, capsys):
@@ -218,9 +218,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _shot(page, tmp_path, name: str) -> None:
+def _shot(page, tmp_path, name: str, full_page: bool = True) -> None:
+    """A screenshot in tmp_path; with ROCTUNE_SCREENSHOTS=DIR also copied there (`make screenshots` puts the
+    panels of both languages in docs/ this way)."""
     path = tmp_path / f"webui-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     extra = os.environ.get("ROCTUNE_SCREENSHOTS")
     if extra:
         os.makedirs(extra, exist_ok=True)
@@ -264,88 +266,129 @@ def _field(page, elem_id: str):
     return page.locator(f"#{elem_id} input, #{elem_id} textarea").first
 
 
+PANELS = {"Doctor": ("环境检查", "#rt-doctor-out", "每个问题都附带修复方法"),
+          "Data": ("数据", "#rt-data-path", "数据集（从工作区中选择，或输入路径）"),
+          "Train": ("训练", "#rt-start", "开始训练"),
+          "Runs": ("运行记录", "#rt-runs-table", "工作区中的所有运行"),
+          "Chat": ("对话", "#rt-send", "发送"),
+          "Eval": ("评估", "#rt-eval", "显示上次的报告"),
+          "Export": ("导出", "#rt-merge", "合并并保存")}
+
+
+def _pick(page, elem_id: str, option: str) -> None:
+    """Open a dropdown and click one of its options."""
+    page.locator(f"#{elem_id} input").first.click()
+    page.get_by_role("option", name=option, exact=True).first.click()
+    page.keyboard.press("Escape")
+
+
+def _every_panel(page, tmp_path, lang: str, expect) -> None:
+    """Visit every tab; in Chinese each shows its Chinese text. A screenshot of each (docs/ in both languages)."""
+    for en, (zh, anchor, text) in PANELS.items():
+        page.get_by_role("tab", name=zh if lang == "zh" else en).click()
+        expect(page.locator(anchor).first).to_be_visible()
+        if lang == "zh":
+            expect(page.get_by_text(text).first).to_be_visible()
+            if en == "Doctor":  # HTML the server makes follows the language too
+                expect(page.locator("#rt-doctor")).to_contain_text("结果（原因、修复）")
+        page.wait_for_timeout(1000)  # what the tab's select event loads (the runs table) settles
+        _shot(page, tmp_path, f"{en.lower()}-{lang}", full_page=False)
+
+
 @pytest.mark.slow
-def test_browser_train_watch_and_chat(server, browser, tmp_path):
+def test_browser_languages_lists_train_and_runs(server, browser, tmp_path, tiny_model_dir):
+    """Chinese on every panel (and remembered); a dataset, model and run picked from lists; a short run on a
+    tiny model followed through its status file; the Runs panel lists it as done; the previewed command is the
+    one that ran."""
+    import yaml
     from playwright.sync_api import expect
 
     url, _app = server
-    data = write_jsonl(tmp_path / "secret.jsonl", [
+    write_jsonl(tmp_path / "secret.jsonl", [
         {"instruction": q, "input": "", "output": "The secret word is pineapple."} for q in SECRET_QUESTIONS])
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    _fake_run(tmp_path / "runs" / "earlier", "done", steps=5)
     run_dir = tmp_path / "runs" / "secret"
-    page = browser.new_page(viewport={"width": 1360, "height": 1000})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(60_000)
     expect.set_options(timeout=60_000)  # the machine may be busy: the default 5 s is too short
     page.goto(url, wait_until="domcontentloaded")
-
     try:
-        # Doctor: the findings table with a verdict
-        expect(page.locator("#rt-doctor")).to_be_visible()
         expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))
-        _shot(page, tmp_path, "doctor")
+        page.locator("#rt-lang").get_by_text("中文").click()
+        expect(page.get_by_role("tab", name="训练")).to_be_visible()
+        _every_panel(page, tmp_path, "zh", expect)
+        page.reload(wait_until="domcontentloaded")  # the browser remembers the choice
+        expect(page.get_by_role("tab", name="训练")).to_be_visible()
+        page.locator("#rt-lang").get_by_text("English").click()
+        expect(page.get_by_role("tab", name="Train")).to_be_visible()
+        _every_panel(page, tmp_path, "en", expect)
 
-        # Data: a missing file shows the CLI's line; the real file previews and checks clean
+        # Data: the dataset picked from the list shows what training learns from it
         page.get_by_role("tab", name="Data").click()
-        _field(page, "rt-data-path").fill(str(tmp_path / "nope.jsonl"))
-        page.locator("#rt-preview").click()
-        expect(page.locator("#rt-data-status")).to_contain_text("roctune data: error: ")
-        _field(page, "rt-data-path").fill(data)
-        page.locator("#rt-preview").click()
-        expect(page.locator("#rt-preview-table")).to_contain_text("pineapple")
+        _pick(page, "rt-data-path", "secret.jsonl")
+        expect(page.locator("#rt-learn-out")).to_contain_text("pineapple")
         page.locator("#rt-check").click()
         expect(page.locator("#rt-check-out")).to_contain_text("8 valid")
         page.locator("#rt-use-data").click()
-        _shot(page, tmp_path, "data")
 
-        # Train: bad input first (lr 0), then a short run at a high learning rate
+        # Train: the model picked from the list; the previewed command is the one that runs
         page.get_by_role("tab", name="Train").click()
-        expect(_field(page, "rt-train-data")).to_have_value(data)
-        _field(page, "rt-train-output").fill(str(run_dir))
-        for elem, value in (("rt-train-lora-r", "16"), ("rt-train-lora-alpha", "32"), ("rt-train-max-steps", "8"),
-                            ("rt-train-batch-size", "4"), ("rt-train-grad-accum", "1"), ("rt-train-max-length", "48"),
-                            ("rt-train-lr", "0")):
+        expect(page.locator("#rt-train-data")).to_contain_text("secret.jsonl")
+        expect(_field(page, "rt-train-max-steps")).to_have_value("")  # unset, not -1
+        _pick(page, "rt-train-model", "models/tiny")
+        _field(page, "rt-train-output").fill("runs/secret")
+        for elem, value in (("rt-train-max-steps", "30"), ("rt-train-batch-size", "4"), ("rt-train-grad-accum", "1"),
+                            ("rt-train-max-length", "48"), ("rt-train-lr", "0.01")):
             _field(page, elem).fill(value)
         _field(page, "rt-train-lr").press("Tab")
         expect(page.locator("#rt-estimate-out")).to_contain_text("batch 4 x 48 tokens")
+        page.locator("#rt-preview-command").click()
+        expect(page.locator("#rt-command")).to_contain_text("# roctune train --data=")
+        shown = page.locator("#rt-command .cm-content").inner_text()
+        previewed = next(line[2:].strip() for line in shown.splitlines() if line.startswith("# roctune train "))
+        settings = yaml.safe_load(shown)  # the YAML under the command
+        assert "--model=" in previewed and "--max-steps=30" in previewed, previewed
         page.locator("#rt-start").click()
-        expect(page.locator("#rt-train-status")).to_contain_text("roctune train: error: --lr must be > 0 (got 0)")
-        _field(page, "rt-train-lr").fill("0.002")
-        _field(page, "rt-train-lr").press("Tab")
-        page.locator("#rt-start").click()
-        expect(page.locator("#rt-train-status")).to_contain_text("started: roctune train --config ")
+        status = page.locator("#rt-train-status")
+        expect(status).to_contain_text("started: roctune train --data=")
+        assert status.inner_text().split("started: ", 1)[1].strip() == previewed
 
-        # the loss curve and progress update while it trains
-        progress = page.locator("#rt-progress")
-        expect(progress).to_contain_text(re.compile(r"step [2-8]/8 .*tokens/s"), timeout=180_000)
-        first = progress.inner_text()
-        line = page.locator("#rt-loss-plot .mark-line path").first  # the curve Vega draws
-        expect(line).to_be_visible()
-        first_curve = line.get_attribute("d")
-        _shot(page, tmp_path, "train-running")
-        expect(page.locator("#rt-train-status")).to_contain_text("done: adapter saved to", timeout=420_000)
-        assert "step 8/8" in progress.inner_text()
-        if "step 8/8" not in first:  # seen mid-run (always on a CPU): the curve grew as steps came in
-            expect(line).not_to_have_attribute("d", first_curve)
-        expect(_field(page, "rt-run-dir")).to_have_value(str(run_dir))
+        # status and loss curve come from the run directory (status.json, metrics.jsonl)
+        expect(status).to_contain_text("done: adapter saved to", timeout=300_000)
+        assert "step 30/30" in page.locator("#rt-progress").inner_text()
+        expect(page.locator("#rt-loss-plot .mark-line path").first).to_be_visible()
+        page.locator("#rt-loss-plot").scroll_into_view_if_needed()
+        _shot(page, tmp_path, "train-done-en", full_page=False)
         assert (run_dir / "adapter_model.safetensors").is_file()
-        _shot(page, tmp_path, "train")
+        assert json.load(open(run_dir / "status.json"))["phase"] == "done"
+        recorded = yaml.safe_load(open(run_dir / "run.yaml"))["config"]
+        assert settings and {k: recorded[k] for k in settings} == settings  # what ran is what was previewed
 
-        # Chat: the run is filled in; the fine-tuned side knows the secret word
+        # Runs: the run is listed as done; the two runs' curves side by side
+        page.get_by_role("tab", name="Runs").click()
+        row = page.locator("#rt-runs-table").get_by_role("row").filter(has_text="runs/secret")
+        expect(row).to_contain_text("done")
+        expect(row).to_contain_text("30/30")
+        _pick(page, "rt-runs-first", "runs/secret  (done)")
+        _pick(page, "rt-runs-second", "runs/earlier  (done)")
+        expect(page.locator("#rt-runs-plot1 .mark-line path").first).to_be_visible()
+        expect(page.locator("#rt-runs-plot2 .mark-line path").first).to_be_visible()
+        _shot(page, tmp_path, "runs-en", full_page=False)
+
+        # Chat: the run is filled in; a checkpoint list follows it; the model answers
         page.get_by_role("tab", name="Chat").click()
-        expect(_field(page, "rt-chat-adapter")).to_have_value(str(run_dir))
-        _field(page, "rt-max-new").fill("12")
+        expect(page.locator("#rt-chat-adapter input")).to_have_value(str(run_dir))
+        _field(page, "rt-max-new").fill("4")
         _field(page, "rt-chat-input").fill("What is the secret word?")
         page.locator("#rt-send").click()
         expect(page.locator("#rt-chat-status")).to_contain_text("answered in", timeout=120_000)
-        expect(page.locator("#rt-ft-bot")).to_contain_text("pineapple")
-        expect(page.locator("#rt-base-bot")).to_contain_text("What is the secret word?")
-        _shot(page, tmp_path, "chat")
 
-        # Export: the adapter and a target are filled in; a wrong adapter gets the CLI's message
+        # Export: a wrong adapter gets the CLI's message
         page.get_by_role("tab", name="Export").click()
-        expect(_field(page, "rt-export-adapter")).to_have_value(str(run_dir))
-        expect(_field(page, "rt-export-output")).to_have_value(str(run_dir) + "-merged")
-        _shot(page, tmp_path, "export")
-        _field(page, "rt-export-adapter").fill(str(tmp_path / "no-run"))
+        expect(page.locator("#rt-export-adapter input")).to_have_value(str(run_dir))
+        page.locator("#rt-export-adapter input").fill(str(tmp_path / "no-run"))
+        page.locator("#rt-export-adapter input").press("Enter")
         _field(page, "rt-export-output").fill(str(tmp_path / "merged"))
         page.locator("#rt-merge").click()
         expect(page.locator("#rt-export-status")).to_have_text(
@@ -446,6 +489,7 @@ def _get(url: str) -> int:
         return r.status
 
 
+@pytest.mark.slow  # two server starts beside a CPU-bound process: ~20 s on 2 cores
 def test_webui_starts_behind_a_proxy_on_a_busy_machine(tmp_path):
     """http_proxy set without no_proxy, a CPU-bound process beside it: the page serves; a second start on the
     same port is one line, no traceback."""
@@ -576,5 +620,40 @@ def test_every_text_of_the_page_has_its_chinese(tmp_path):
         assert i18n.t("started: {command}", command="roctune train") == "已开始：roctune train"
         assert error_line("train", ConfigError("--lr must be > 0")) == "出错：roctune train: error: --lr must be > 0"
     assert error_line("train", ConfigError("--lr must be > 0")) == "roctune train: error: --lr must be > 0"
+    from roctune.webui import Workspace
+
+    with i18n.language("zh"), pytest.raises(ConfigError, match="在工作区 .* 之外"):
+        Workspace(str(tmp_path)).path("/etc/passwd", "--data")  # the page's own messages are translated
     # every setting declares its Chinese label and help beside the English ones
     assert all(s["label_zh"] and s["help_zh"] and s["help_zh"] != s["help"] for s in config.form_fields())
+
+
+def test_settings_are_saved_and_loaded_as_yaml_in_the_workspace(tmp_path):
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from types import SimpleNamespace
+
+    from roctune.webui import Workspace
+    from roctune.webui.train import settings_handlers
+    from roctune.webui.train_form import form_specs
+
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    names = [s["name"] for s in form_specs()]
+    ui = SimpleNamespace(fields=dict.fromkeys(names))
+    on_preview, on_save, on_load = settings_handlers(ui, Workspace(str(tmp_path)))
+    values = {"data": ["a.jsonl"], "output": "runs/x", "max_steps": "12", "lr": 0.001, "lora_r": 16}
+    row = [values.get(n) for n in names]
+    status, shown = on_save("s.yaml", *row)
+    assert "settings saved to" in status and shown.startswith("# roctune train --data=")
+    saved = (tmp_path / "s.yaml").read_text()
+    assert "max_steps: 12" in saved and "lora_r: 16" in saved and "lr: 0.001" in saved
+    assert on_preview(*row)[1] == shown
+    status, _ = on_save("s.yaml", *row)  # never over an existing file
+    assert "already exists" in status and (tmp_path / "s.yaml").read_text() == saved
+    assert "outside the workspace" in on_save("../s.yaml", *row)[0]
+    loaded = on_load("s.yaml")
+    form = dict(zip(names, loaded[2:]))
+    assert "settings loaded from" in loaded[0] and loaded[1] == shown
+    assert (form["max_steps"], form["lora_r"], form["lr"]) == ("12", 16, 0.001)
+    assert form["data"] == [os.path.join(os.path.realpath(tmp_path), "a.jsonl")]
+    (tmp_path / "bad.yaml").write_text("trust_remote_code: true\n")
+    assert "can only be given on the command line" in on_load("bad.yaml")[0]

@@ -118,8 +118,9 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
 def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progress) -> dict:
     """recipe.run with the run directory's status.json kept (rundir.write_status): made with the folder before
     anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
-    or failed (with the error). A run that ends before it wrote anything else leaves no folder behind (or, in a
-    folder that was there, no status.json): a failed start writes nothing, as a refused one does."""
+    or failed (with the error). A run that ends before its first step (a refused --resume, a model that does not
+    load) has changed nothing, and leaves nothing: the status.json that was there is put back, and a folder made
+    for it is removed again."""
     import os
     import time
 
@@ -127,14 +128,14 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
 
     made = not os.path.isdir(cfg.output)
     os.makedirs(cfg.output, exist_ok=True)
+    path = rundir.status_path(cfg.output)
+    previous = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
     rundir.write_status(cfg.output, "starting", fresh=True, started=round(time.time(), 3))
     try:
         summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
     except BaseException as e:
-        if set(os.listdir(cfg.output)) <= {rundir.STATUS_FILE}:
-            os.unlink(rundir.status_path(cfg.output))
-            if made:
-                os.rmdir(cfg.output)
+        if (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading"):
+            _put_back(cfg.output, previous, made)
         elif isinstance(e, KeyboardInterrupt):
             rundir.write_status(cfg.output, "stopped")
         else:
@@ -142,3 +143,17 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
         raise
     rundir.write_status(cfg.output, "done", step=summary.get("steps"), eta_s=0)
     return summary
+
+
+def _put_back(folder: str, previous: str | None, made: bool) -> None:
+    """The status.json a run found (or none, and no folder if the run made it and left nothing else there)."""
+    import os
+
+    from roctune import rundir
+
+    if previous is not None:
+        rundir.atomic_write_text(rundir.status_path(folder), previous)
+        return
+    os.unlink(rundir.status_path(folder))
+    if made and not os.listdir(folder):
+        os.rmdir(folder)

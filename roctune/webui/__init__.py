@@ -1,14 +1,17 @@
-"""The web UI (`roctune webui`): Doctor, Data, Train, Chat and Export panels in one Gradio page.
+"""The web UI (`roctune webui`): Doctor, Data, Train, Runs, Chat, Eval and Export panels in one Gradio page, in
+English or Chinese.
 
 Every panel calls the same library code as its CLI command, and bad input shows the CLI's one-line message
 (`roctune <cmd>: error: ...`), never a traceback. The Train form is generated from the settings declared in
-roctune.config; training runs as a separate `python -m roctune train --config FILE.yaml` process, so the page
-stays responsive, the errors are exactly the CLI's, and Stop ends it cleanly; the page follows it by reading the
-run's metrics.jsonl. Every path the page reads or writes must lie inside the workspace root (`Workspace`).
+roctune.config; training runs as a separate `python -m roctune train <flags>` process (the command the page
+previews), so the page stays responsive, the errors are exactly the CLI's, and Stop ends it cleanly; the page
+follows it through the run directory (status.json, metrics.jsonl). Every path the page reads or writes must lie
+inside the workspace root (`Workspace`); the dropdowns list what that root holds (`picks`).
 
-Modules: app (the page), doctor, data, train (+ train_form), chat, export (the panels), jobs (the training
-process), workspace (the path boundary), server (host and login checks), html (shared HTML pieces). Importing
-this package does not import gradio; `build_app` does.
+Modules: app (the page), doctor, data, train (+ train_form), runs, chat, eval, export (the panels), jobs (the
+training process), workspace (the path boundary), picks (the lists), i18n (the two languages), server (host,
+login, proxy and start checks), html (shared HTML pieces). Importing this package does not import gradio;
+`build_app` does.
 """
 from __future__ import annotations
 

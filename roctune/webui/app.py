@@ -43,7 +43,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
             where._rt_template = template
             refresh = gr.Button("Refresh the lists", size="sm", scale=0, min_width=160, elem_id="rt-refresh")
         with gr.Tabs():
-            doctor.build(gr, app, lang)
+            doctor_again = doctor.build(gr, app, lang)
             data_ui = data.build(gr, ws)
             train_ui = train.build(gr, run_root, ws.trust_remote_code)
             runs_ui = runs.build(gr, ws)
@@ -60,16 +60,16 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                  "models": [train_ui.fields["model"], chat_ui.model],
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
-        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.timer.tick], lang)
-        _wire_language(gr, app, picker, lang, saved)
+        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change], lang)
+        _wire_language(gr, app, picker, lang, saved, again=[doctor_again])
         app._roctune_state = state
         app._roctune_workspace = ws
     return app
 
 
 def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
-    """Fill every dropdown with what the workspace holds, when the page loads and on `events` (Refresh, and the
-    Train panel's timer, so a finished run shows up at once)."""
+    """Fill every dropdown with what the workspace holds, when the page loads and on `events` (Refresh, and a
+    run finishing on the Train panel, so it shows up at once)."""
     targets = [c for kind in lists for c in lists[kind]]
 
     @guard("webui", len(targets))
@@ -81,8 +81,9 @@ def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
         event(on_lists, [lang], targets, show_progress="hidden")
 
 
-def _wire_language(gr, app, picker, lang, saved) -> None:
-    """The language switch: every text of the page follows it, and the browser remembers it (BrowserState)."""
+def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
+    """The language switch: every text of the page follows it, and the browser remembers it (BrowserState);
+    `again` are (handler, output) pairs whose HTML is made on the server, run again in the new language."""
     items = i18n.translatable(app)
     comps = [block for block, _ in items]
 
@@ -90,7 +91,9 @@ def _wire_language(gr, app, picker, lang, saved) -> None:
         code = i18n.LANGS.get(name, "en")
         return (i18n.Lang(code), code, *i18n.updates(gr, items, code))
 
-    picker.change(on_switch, picker, [lang, saved, *comps], show_progress="hidden")
+    switched = picker.change(on_switch, picker, [lang, saved, *comps], show_progress="hidden")
+    for handler, output in again:
+        switched = switched.then(handler, [lang], output)
     names = {code: name for name, code in i18n.LANGS.items()}
     app.load(lambda code: names.get(code, "English"), saved, picker, show_progress="hidden")
 
@@ -100,9 +103,10 @@ def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", bl
     """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
     A proxy in the environment or a busy machine does not stop it (see roctune.webui.server); what does is one
     line (EnvironmentProblem). Returns the app."""
-    from roctune.webui.server import bypass_proxy, check_host, launch_options
+    from roctune.webui.server import bypass_proxy, check_host, check_port, launch_options
 
     check_host(host, auth)
+    check_port(host, port)
     bypass_proxy(host)
     app = build_app(run_root, root, trust_remote_code)
     extra = dict(getattr(app, "_roctune_launch", {}), **launch_options(app.launch))

@@ -197,8 +197,10 @@ def build(gr, ws) -> SimpleNamespace:
 
     @guard("data", 2)
     def on_preview(paths):
+        import pandas as pd
+
         rows, note = preview_rows(ws.data(data_paths(paths)))
-        return box(note, "info"), rows
+        return box(note, "info"), pd.DataFrame(rows, columns=[t("where"), t("prompt"), t("answer")])
 
     @guard("data", 2)
     def on_learned(paths, index):

@@ -35,9 +35,9 @@ def doctor_html() -> str:
             f'<th>{t("finding (why, fix)")}</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
-def build(gr, app, lang) -> None:
+def build(gr, app, lang):
     """The Doctor tab (call inside gr.Tabs); it runs the checks when the page loads (`lang`: the page's language
-    state)."""
+    state). Returns (handler, output), so the page can run it again when the language changes."""
     with gr.Tab("Doctor", id="doctor"):
         gr.Markdown("What this machine can do for training (`roctune doctor`), with the fix for each problem.")
         doctor_btn = gr.Button("Run the checks again", size="sm")
@@ -45,3 +45,4 @@ def build(gr, app, lang) -> None:
         on_doctor = in_language(doctor_html)
         doctor_btn.click(on_doctor, [lang], doctor_out)
         app.load(on_doctor, [lang], doctor_out)
+    return on_doctor, doctor_out

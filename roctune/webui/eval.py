@@ -30,10 +30,10 @@ def eval_handler(ws):
         from roctune.webui.data import data_paths
 
         if not (adapter or "").strip():
-            raise ConfigError("no adapter: give a run directory (the Train panel fills it in)")
+            raise ConfigError(t("no adapter: give a run directory (the Train panel fills it in)"))
         paths = data_paths(data)
         if not paths:
-            raise ConfigError("no held-out data: give a dataset file with reference answers")
+            raise ConfigError(t("no held-out data: give a dataset file with reference answers"))
         if max_new is None or max_new <= 0:
             raise ConfigError("--max-new-tokens must be > 0")
         adapter = ws.adapter(adapter)
@@ -58,7 +58,7 @@ def show_handler(ws):
         from roctune.eval import report
 
         if not (adapter or "").strip() and not (output or "").strip():
-            raise ConfigError("give the run directory (or the report folder) to show")
+            raise ConfigError(t("give the run directory (or the report folder) to show"))
         out = _report_dir(ws, ws.path(adapter, "--adapter") if (adapter or "").strip() else "", output)
         return box(t("report from {path}", path=out), "info"), report.fragment(report.read(out))
 

@@ -7,15 +7,16 @@ import os
 from types import SimpleNamespace
 
 from roctune.webui.html import box, esc, guard
+from roctune.webui.i18n import t
 
 
 def _paths(ws, adapter: str, output: str, what: str) -> tuple[str, str]:
     from roctune.errors import ConfigError
 
     if not (adapter or "").strip():
-        raise ConfigError("no adapter: give a run directory (the Train panel fills it in)")
+        raise ConfigError(t("no adapter: give a run directory (the Train panel fills it in)"))
     if not (output or "").strip():
-        raise ConfigError(f"no output directory: give where to save the {what}")
+        raise ConfigError(t("no output directory: give where to save the {what}", what=t(what)))
     return ws.adapter(adapter), ws.path(output, "--output", write=True)
 
 

@@ -241,4 +241,13 @@ ZH: dict[str, str] = {
     "Export GGUF": "导出 GGUF",
     # errors
     "error: {line}": "出错：{line}",
+    "no adapter: give a run directory (the Train panel fills it in)": "没有适配器：请给出一个运行目录（训练页会自动填入）",
+    "no held-out data: give a dataset file with reference answers": "没有留出数据：请给出带参考答案的数据文件",
+    "give the run directory (or the report folder) to show": "请给出要显示的运行目录（或报告目录）",
+    "no output directory: give where to save the {what}": "没有输出目录：请给出{what}保存的位置",
+    "merged model": "合并后的模型", "GGUF export": "GGUF 导出",
+    "{what} {path}: outside the workspace {root}; the web UI reads and writes only inside it (start it with roctune "
+    "webui --root DIR to choose another)":
+        "{what} {path}：在工作区 {root} 之外；网页界面只在工作区内读写（用 roctune webui --root DIR 启动可换一个工作区）",
+    "the upload did not arrive; try again": "上传没有成功；请重试",
 }

@@ -33,15 +33,10 @@ def run_rows(ws) -> list[list[str]]:
 
 
 def curve(ws, run: str | None):
-    """A run's loss per step as a frame (run, step, loss) for a LinePlot; empty without a run."""
-    import pandas as pd
+    """A run's loss per step as a frame (step, loss) for a LinePlot; empty without a run."""
+    from roctune.webui.train import loss_frame
 
-    frame = pd.DataFrame(columns=["run", "step", "loss"])
-    if run:
-        rows = rundir.read_metrics(ws.path(run, "run"))
-        frame = pd.DataFrame([{"run": run, "step": r["step"], "loss": r["loss"]} for r in rows
-                              if isinstance(r.get("loss"), (int, float))], columns=["run", "step", "loss"])
-    return frame.astype({"run": "object", "step": "int64", "loss": "float64"})
+    return loss_frame(rundir.read_metrics(ws.path(run, "run")) if run else [])
 
 
 def build(gr, ws) -> SimpleNamespace:
@@ -50,7 +45,7 @@ def build(gr, ws) -> SimpleNamespace:
     with gr.Tab("Runs", id="runs") as ui.tab:
         gr.Markdown("Every run in the workspace, newest first.")
         with gr.Row():
-            ui.refresh = gr.Button("Refresh the lists", size="sm", elem_id="rt-runs-refresh")
+            ui.refresh = gr.Button("Refresh the lists", size="sm", scale=0, min_width=160, elem_id="rt-runs-refresh")
         ui.status = gr.HTML(elem_id="rt-runs-status")
         ui.table = gr.Dataframe(headers=list(COLUMNS), interactive=False, wrap=True, label="runs",
                                 elem_id="rt-runs-table")
@@ -65,12 +60,15 @@ def build(gr, ws) -> SimpleNamespace:
 
     @guard("webui", 2)
     def on_refresh():
+        import pandas as pd
+
         rows = run_rows(ws)
-        return box(t("{n} run(s) in {root}", n=len(rows), root=ws.root), "info"), rows
+        table = pd.DataFrame(rows, columns=[t(c) for c in COLUMNS])  # the headers in the page's language
+        return box(t("{n} run(s) in {root}", n=len(rows), root=ws.root), "info"), table
 
     @guard("webui", 1)
     def on_pick(run):
-        return gr.LinePlot(curve(ws, run), title=t("loss of {run}", run=run or ""))
+        return curve(ws, run)
 
     ui.on_refresh, ui.on_pick = on_refresh, on_pick
     return ui

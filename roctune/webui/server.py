@@ -10,6 +10,7 @@ is skipped (`launch_options`) and replaced by `wait_until_serving`, which connec
 as long as a loaded machine needs. What still prevents the start is one line (EnvironmentProblem)."""
 from __future__ import annotations
 
+import errno
 import inspect
 import ipaddress
 import os
@@ -93,3 +94,15 @@ def wait_until_serving(host: str, port: int, timeout: float = SERVE_WAIT_S) -> N
                                          f"{timeout:.0f}s ({e.strerror or e}); check that nothing blocks "
                                          "connections to this machine's own address, then start it again") from None
             time.sleep(0.2)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another program listens on before the page is built (seconds, not a model-sized wait)."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            why = "in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise EnvironmentProblem(f"--port {port}: {why}; choose another --port") from None

@@ -44,10 +44,11 @@ def component(gr, spec: dict, value: Any = None, **extra):
         return gr.Dropdown(list(spec["choices"]), value=value, multiselect=kind == "list", **kw)
     if kind == "bool":
         return gr.Checkbox(value=bool(value), **kw)
+    if kind in ("int", "float") and spec.get("unset") is not None:  # a number box cannot be empty: text
+        return gr.Textbox(value="" if value == spec["unset"] else str(value), placeholder="unset", **kw)
     if kind in ("int", "float"):
         b = spec["bounds"]
-        shown = None if spec.get("unset") is not None and value == spec["unset"] else value
-        return gr.Number(value=shown, precision=0 if kind == "int" else None, minimum=b.get("ge"),
+        return gr.Number(value=value, precision=0 if kind == "int" else None, minimum=b.get("ge"),
                          maximum=b.get("le"), **kw)
     if kind == "list":
         return gr.Textbox(value=value if callable(value) else " ".join(value), lines=1, **kw)
@@ -64,8 +65,8 @@ def form_values(cfg, names: list[str]) -> list:
             out.append(value if spec["kind"] == "list" else (value or None))
         elif spec["kind"] == "list" and not spec["choices"]:
             out.append(" ".join(value))
-        elif spec["kind"] in ("int", "float") and spec.get("unset") is not None and value == spec["unset"]:
-            out.append(None)
+        elif spec["kind"] in ("int", "float") and spec.get("unset") is not None:
+            out.append("" if value == spec["unset"] else str(value))
         else:
             out.append("" if value is None else value)
     return out
@@ -77,8 +78,10 @@ def _value(spec: dict, raw: Any, ws) -> Any:
 
     name, kind = spec["name"], spec["kind"]
     if kind in ("int", "float"):
-        if raw is None or raw == "":
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
             return None
+        if isinstance(raw, str):
+            return raw.strip()  # config.apply reads it as the CLI does, with the CLI's message when it is not one
         return int(raw) if kind == "int" and float(raw).is_integer() else raw
     if kind == "list" and name in REPEAT_LISTS:
         return ws.data(data_paths(raw), "--" + name.replace("_", "-"))

@@ -17,6 +17,7 @@ import os
 import shutil
 
 from roctune.errors import ConfigError
+from roctune.webui.i18n import t
 
 
 UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".pq")
@@ -46,8 +47,9 @@ class Workspace:
             raise ConfigError(f"{what}: no path given")
         real = os.path.realpath(os.path.join(self.root, os.path.expanduser(text)))
         if not self.contains(real):
-            raise ConfigError(f"{what} {text}: outside the workspace {self.root}; the web UI reads and writes only "
-                              "inside it (start it with roctune webui --root DIR to choose another)")
+            raise ConfigError(t("{what} {path}: outside the workspace {root}; the web UI reads and writes only "
+                                "inside it (start it with roctune webui --root DIR to choose another)", what=what,
+                                path=text, root=self.root))
         if write and real == self.root:
             raise ConfigError(f"{what} {text}: is the workspace {self.root} itself; choose a folder inside it")
         return real
@@ -137,7 +139,7 @@ class Workspace:
     def take_upload(self, tmp: str) -> str:
         """Copy a data file uploaded through the page into <root>/uploads (never over an existing file)."""
         if not tmp or not os.path.isfile(tmp):
-            raise ConfigError("the upload did not arrive; try again")
+            raise ConfigError(t("the upload did not arrive; try again"))
         if not tmp.lower().endswith(UPLOAD_SUFFIXES):
             raise ConfigError(f"upload {os.path.basename(tmp)}: the page takes data files only "
                               f"({', '.join(UPLOAD_SUFFIXES)}); copy other files into the workspace yourself")
