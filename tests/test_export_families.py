@@ -41,18 +41,29 @@ def test_family_gguf_runs_in_llama_cpp_like_the_model(family, sharp_dir, tmp_pat
 
     folder = sharp_dir(family)
     for quant in ("q8_0", "q4_k_m"):
-        report = export(folder, str(tmp_path / quant), quant=quant, name=f"tiny {family}", log=lambda s: None)
+        lines = []
+        report = export(folder, str(tmp_path / quant), quant=quant, name=f"tiny {family}", log=lines.append)
         check = report["check"]
         assert check["checked_by"] == "llama.cpp" and check["prompts"] == 3, check
         assert check["max_rel_logit_diff"] <= REL_TOLERANCE[quant], (quant, check)
         assert report["family"] == family
+        # a chat template Ollama's TEMPLATE cannot express (Mistral's, Gemma 2's without a system role, ...): the
+        # GGUF is still written, the Modelfile has no TEMPLATE, and one line says what to do
+        modelfile = open(tmp_path / quant / "Modelfile").read()
+        bare = [line for line in lines if line.startswith("Modelfile without TEMPLATE")]
+        assert len(bare) == (0 if report["modelfile_template"] else 1), lines
+        assert ("TEMPLATE" in modelfile) == report["modelfile_template"] and modelfile.startswith("FROM ./tiny-")
     tok = load_tokenizer(folder)
     vocab = tok.get_vocab()
     model = llamacpp.Model(os.path.join(tmp_path, "q4_k_m", report["gguf"]))
     try:
-        ends = [vocab[t] for t in next(f for f in FAMILIES if f.name == family).end_of_turn if t in vocab][:1] + [tok.eos_token_id]
+        family_eot = next(f for f in FAMILIES if f.name == family).end_of_turn
+        ends = [vocab[t] for t in family_eot if t in vocab][:1] + [tok.eos_token_id]
         assert ends[0] is not None and all(model.is_eog(t) for t in ends), ends
         assert not any(model.is_eog(t) for t in tok("Hello world, the weather", add_special_tokens=False)["input_ids"])
+        adds_bos = tok("a")["input_ids"][0] == tok.bos_token_id
+        assert model.meta("tokenizer.ggml.add_bos_token") == str(adds_bos).lower()
+        assert model.meta("tokenizer.ggml.add_space_prefix") == "false"
     finally:
         model.close()
 

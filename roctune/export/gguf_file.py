@@ -103,7 +103,7 @@ def check_model(model_dir: str, tokenizer):
 
 def pre_tokenizer(tokenizer, where: str) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    model_type = json.loads(backend.to_str())["model"]["type"] if backend is not None else None
+    model_type = type(backend.model).__name__ if backend is not None else None  # "BPE", "Unigram", ...
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = PRE_TOKENIZERS.get(digest)
     if model_type != "BPE" or name is None:
@@ -178,7 +178,8 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     no space prefix. The family's end-of-turn token becomes `eot`, so llama.cpp stops there."""
     import gguf
 
-    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    vocab = tokenizer.get_vocab()
+    reverse = {i: t for t, i in vocab.items()}
     added = {i: t for i, t in tokenizer.added_tokens_decoder.items()}
     tokens, types = [], []
     for i in range(vocab_size):
@@ -201,7 +202,6 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     first = tokenizer("a")["input_ids"][:1]
     special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
     special.add_special_token["eos"] = False
-    vocab = tokenizer.get_vocab()
     eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
     if eot is not None and eot != tokenizer.eos_token_id:
         special.special_token_types = tuple(special.special_token_types) + ("eot",)

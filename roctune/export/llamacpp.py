@@ -151,6 +151,15 @@ def weaken_version_need(path: str, version: bytes) -> int:
     return changed
 
 
+def threads() -> int:
+    """OMP_NUM_THREADS when set (as torch honours it), else every CPU: ggml's threads spin while they wait, so
+    more threads than the user allowed slow a shared machine down rather than speed it up."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return os.cpu_count() or 1
+
+
 # ------------------------------------------------------------------------------------------------ quantizer
 FTYPES = {q: "LLAMA_FTYPE_MOSTLY_" + q.upper() for q in
           ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")}
@@ -162,7 +171,7 @@ def quantize(src: str, dst: str, quant: str) -> None:
     ffi, lib = binding()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
     params.ftype = getattr(lib, FTYPES[quant])
-    params.nthread = os.cpu_count() or 1
+    params.nthread = threads()
     rc = lib.llama_model_quantize(src.encode(), dst.encode(), params)
     if rc != 0:
         raise EnvironmentProblem(f"llama.cpp's quantizer failed on {src} (code {rc})")
@@ -216,6 +225,12 @@ class Model:
         text = self.lib.llama_model_chat_template(self.model, self.ffi.NULL)
         return None if text == self.ffi.NULL else self.ffi.string(text).decode("utf-8")
 
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the file as llama.cpp reads it (as text), None when absent."""
+        buf = self.ffi.new("char[]", 256)
+        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, 256)
+        return None if n < 0 else self.ffi.string(buf).decode("utf-8", "replace")
+
     def is_eog(self, token: int) -> bool:
         return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
 
@@ -227,7 +242,7 @@ class Model:
         # no larger than needed: llama.cpp picks Phi-3's long-context rope factors by the context size (above the
         # original context), transformers by the sequence length, so a short check must use a short context
         params.n_ctx = params.n_batch = max(self.n_ctx, len(ids) + new_tokens + 1)
-        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = threads()
         ctx = self.lib.llama_init_from_model(self.model, params)
         try:
             if self.adapter != self.ffi.NULL:
