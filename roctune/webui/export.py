@@ -34,13 +34,13 @@ def merge_handler(ws):
 
 def gguf_handler(ws):
     @guard("export", 1)
-    def on_export(adapter, output, quant, name, verify, overwrite):
+    def on_export(adapter, output, quant, name, verify, overwrite, fmt="gguf"):
         from roctune.export import export
 
         adapter, output = _paths(ws, adapter, output, "GGUF export")
         lines: list[str] = []
         report = export(adapter, output, quant=quant, name=(name or "").strip() or None, verify=bool(verify),
-                        overwrite=bool(overwrite), log=lines.append)
+                        overwrite=bool(overwrite), fmt=fmt or "gguf", log=lines.append)
         return box("\n".join(lines), "ok") + check_table(report.get("check"))
 
     return on_export
@@ -58,6 +58,7 @@ def check_table(check: dict | None) -> str:
 
 def build(gr, ws) -> SimpleNamespace:
     """The Export tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
+    from roctune.export import FORMATS
     from roctune.export.gguf_file import KQUANTS, QUANTS
 
     ui = SimpleNamespace()
@@ -70,10 +71,12 @@ def build(gr, ws) -> SimpleNamespace:
             ui.overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
         ui.btn = gr.Button("Merge and save", variant="primary", elem_id="rt-merge")
         ui.status = gr.HTML(elem_id="rt-export-status")
-        gr.Markdown("Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, read back and "
-                    "compared with the merged model (`roctune export`).")
+        gr.Markdown("Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, run in llama.cpp "
+                    "(or read back) and compared with the merged model (`roctune export`); lora-gguf: the adapter "
+                    "alone, for `llama-server --lora` and Ollama's ADAPTER beside a GGUF of the base model.")
         with gr.Row():
             ui.gguf_output = gr.Textbox(label="export folder", scale=3, elem_id="rt-gguf-output")
+            ui.fmt = gr.Dropdown(list(FORMATS), value="gguf", label="format", scale=1)
             ui.quant = gr.Dropdown(list(QUANTS + KQUANTS), value="q8_0", label="quant", scale=1)
             ui.name = gr.Textbox(label="name (Ollama)", scale=1, elem_id="rt-gguf-name")
             ui.verify = gr.Checkbox(label="check after writing", value=True, scale=0)
@@ -82,7 +85,7 @@ def build(gr, ws) -> SimpleNamespace:
         ui.gguf_status = gr.HTML(elem_id="rt-gguf-status")
     ui.btn.click(merge_handler(ws), [ui.adapter, ui.output, ui.dtype, ui.overwrite], ui.status)
     ui.gguf_btn.click(gguf_handler(ws), [ui.adapter, ui.gguf_output, ui.quant, ui.name, ui.verify,
-                                         ui.gguf_overwrite], ui.gguf_status)
+                                         ui.gguf_overwrite, ui.fmt], ui.gguf_status)
     ui.adapter.change(lambda a: _beside(a, "-merged"), ui.adapter, ui.output)
     ui.adapter.change(lambda a: _beside(a, "-gguf"), ui.adapter, ui.gguf_output)
     return ui
