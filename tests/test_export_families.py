@@ -142,3 +142,23 @@ def test_lora_gguf_refuses_modules_to_save_in_one_line(sharp_dir, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "modules_to_save" in err[0] and "--format gguf" in err[0], err
     assert not out.exists()
+
+
+def test_llama3_rope_factors_give_transformers_frequencies():
+    """Llama 3.1's rope scaling changes only long wavelengths, which a short check prompt cannot see: the factors
+    written as rope_freqs (llama.cpp divides each base frequency by its factor) must give transformers' own."""
+    import numpy as np
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from roctune.export.gguf_specs import _llama3_factors
+
+    shape = family_models.CONFIGS["llama"][2]
+    config = LlamaConfig(vocab_size=16, **shape)
+    cfg = config.to_dict()
+    (name, factors), = _llama3_factors(cfg)
+    dim, theta = cfg["head_dim"], cfg["rope_parameters"]["rope_theta"]
+    base = 1.0 / theta ** (np.arange(0, dim, 2) / dim)
+    want = ROPE_INIT_FUNCTIONS["llama3"](config)[0].numpy()
+    assert name == "rope_freqs.weight" and np.allclose(base / factors, want, rtol=1e-5)
+    assert (factors > 1).any() and (factors == 1).any()  # both ends of the scaling are exercised
