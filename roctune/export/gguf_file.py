@@ -50,7 +50,7 @@ PRE_TOKENIZERS = {
 
 
 def check_quant(quant: str) -> None:
-    """Refuse an unknown quant type, or a K-quant without llama-cpp-python, with one line."""
+    """Refuse an unknown quant type, or a K-quant without llama.cpp's quantizer installed, with one line."""
     if quant in QUANTS:
         return
     if quant in KQUANTS:
