@@ -25,10 +25,14 @@ REL_TOLERANCE = {"q8_0": 0.3, "q4_k_m": 1.0}
 
 
 @pytest.fixture(scope="module")
-def sharp_dir(tmp_path_factory, default_model_dir):
+def sharp_dir(tmp_path_factory, family_dir):
+    """family -> a sharpened copy of its tiny model."""
+    import shutil
+
     def get(family: str) -> str:
-        folder = tmp_path_factory.mktemp(f"sharp-{family}")
-        return family_models.sharpen(family_models.build(family, str(folder), default_model_dir))
+        folder = str(tmp_path_factory.mktemp(f"sharp-{family}") / "model")
+        shutil.copytree(family_dir(family), folder)
+        return family_models.sharpen(folder)
 
     return get
 
