@@ -119,13 +119,14 @@ def _build_shim(path: str) -> None:
 
 
 def weaken_version_need(path: str, version: bytes) -> int:
-    """Mark `version` weak in an ELF64 little-endian file's version needs (in place); returns how many entries.
+    """Mark `version` weak in an ELF64 little-endian file's version needs; returns how many entries name it.
 
     Written here rather than with a tool (patchelf cannot do this one): the `.gnu.version_r` layout is fixed by
     the ELF gABI, Verneed {u16 version, u16 cnt, u32 file, u32 aux, u32 next} and Vernaux {u32 hash, u16 flags,
     u16 other, u32 name, u32 next}."""
     with open(path, "rb") as f:
-        data = bytearray(f.read())
+        original = f.read()
+    data = bytearray(original)
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise EnvironmentProblem(f"{path}: not a 64-bit little-endian ELF library")
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -146,8 +147,12 @@ def weaken_version_need(path: str, version: bytes) -> int:
                     changed += 1
                 apos += anext
             pos += nxt
-    with open(path, "wb") as f:
-        f.write(data)
+    if bytes(data) != original:  # a new file renamed over the old one: a process that has the library loaded
+        tmp = f"{path}.tmp-{os.getpid()}"  # keeps its mapping of the old file (rewriting it in place would
+        with open(tmp, "wb") as f:         # crash that process)
+            f.write(data)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
     return changed
 
 
