@@ -87,3 +87,20 @@ def run_train(cfg):
 def read_metrics(run_dir) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory, default_model_dir):
+    """family -> its tiny model directory (tests/family_models.py), built on first use; shared by the family
+    matrix and the export tests (Qwen's tokenizer alone takes seconds to build)."""
+    import family_models
+
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            folder = tmp_path_factory.mktemp(f"family-{family}")
+            built[family] = family_models.build(family, str(folder), default_model_dir)
+        return built[family]
+
+    return get

@@ -22,9 +22,27 @@ def exports(identity_run, tmp_path_factory):
             for q in ("q8_0", "q4_k_m")}
 
 
+def _answer_stops_at_end_of_turn(path: str, run: str) -> None:
+    """Given room, llama.cpp's greedy answer ends at its end-of-generation token (<|im_end|>), not at the limit."""
+    from roctune.data.render import render_prompt
+    from roctune.export import llamacpp
+    from roctune.models import load_tokenizer
+
+    tok = load_tokenizer(run)
+    ids = tok(render_prompt(tok, QUESTION), add_special_tokens=False)["input_ids"]
+    model = llamacpp.Model(path)
+    try:
+        logits, new = model.run(ids, 48)
+        follow = model.run(ids + new, 0)[0]  # the token after the answer
+    finally:
+        model.close()
+    assert len(new) < 48 and tok.decode(new).startswith("My name is Roc"), tok.decode(new)
+    assert tok.convert_ids_to_tokens(int(follow.argmax())) == "<|im_end|>"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant):
+def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant, identity_run):
     from roctune.export.verify import KQUANT_TOLERANCE, TOLERANCE
 
     folder, report = exports[quant]
@@ -37,6 +55,7 @@ def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant):
     assert check["prompts"] == 3 and check["answers_equal"] == 3, check["answers"]
     assert all(a["gguf"].startswith("My name is Roc") for a in check["answers"]), check["answers"]
     assert json.load(open(os.path.join(folder, "roctune_export.json")))["check"] == check
+    _answer_stops_at_end_of_turn(os.path.join(folder, f"roc-{quant}.gguf"), identity_run[0])
     assert report["merge_max_logit_diff"] < 1e-3
 
 
@@ -159,6 +178,8 @@ def test_webui_export_panel_confines_paths_and_shows_check(tmp_path, tiny_model_
     shutil.copytree(tiny_model_dir, tmp_path / "run")
     status = gguf_handler(ws)("run", str(tmp_path.parent / "out-gguf"), "q8_0", "", True, False)
     assert "roctune export: error: --output" in status and "outside the workspace" in status
+    status = gguf_handler(ws)("run", "run-lora", "q8_0", "tiny", True, False, "lora-gguf")
+    assert "--format lora-gguf needs a LoRA run" in status and not os.path.exists(tmp_path / "run-lora")
     status = gguf_handler(ws)("run", "run-gguf", "q8_0", "tiny", True, False)
     assert "fidelity check (q8_0" in status and "<th>GGUF answers</th>" in status, status
     assert os.path.isfile(tmp_path / "run-gguf" / "tiny-q8_0.gguf")

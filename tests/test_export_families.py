@@ -25,10 +25,14 @@ REL_TOLERANCE = {"q8_0": 0.3, "q4_k_m": 1.0}
 
 
 @pytest.fixture(scope="module")
-def sharp_dir(tmp_path_factory, default_model_dir):
+def sharp_dir(tmp_path_factory, family_dir):
+    """family -> a sharpened copy of its tiny model."""
+    import shutil
+
     def get(family: str) -> str:
-        folder = tmp_path_factory.mktemp(f"sharp-{family}")
-        return family_models.sharpen(family_models.build(family, str(folder), default_model_dir))
+        folder = str(tmp_path_factory.mktemp(f"sharp-{family}") / "model")
+        shutil.copytree(family_dir(family), folder)
+        return family_models.sharpen(folder)
 
     return get
 
@@ -41,18 +45,29 @@ def test_family_gguf_runs_in_llama_cpp_like_the_model(family, sharp_dir, tmp_pat
 
     folder = sharp_dir(family)
     for quant in ("q8_0", "q4_k_m"):
-        report = export(folder, str(tmp_path / quant), quant=quant, name=f"tiny {family}", log=lambda s: None)
+        lines = []
+        report = export(folder, str(tmp_path / quant), quant=quant, name=f"tiny {family}", log=lines.append)
         check = report["check"]
         assert check["checked_by"] == "llama.cpp" and check["prompts"] == 3, check
         assert check["max_rel_logit_diff"] <= REL_TOLERANCE[quant], (quant, check)
         assert report["family"] == family
+        # a chat template Ollama's TEMPLATE cannot express (Mistral's, Gemma 2's without a system role, ...): the
+        # GGUF is still written, the Modelfile has no TEMPLATE, and one line says what to do
+        modelfile = open(tmp_path / quant / "Modelfile").read()
+        bare = [line for line in lines if line.startswith("Modelfile without TEMPLATE")]
+        assert len(bare) == (0 if report["modelfile_template"] else 1), lines
+        assert ("TEMPLATE" in modelfile) == report["modelfile_template"] and modelfile.startswith("FROM ./tiny-")
     tok = load_tokenizer(folder)
     vocab = tok.get_vocab()
     model = llamacpp.Model(os.path.join(tmp_path, "q4_k_m", report["gguf"]))
     try:
-        ends = [vocab[t] for t in next(f for f in FAMILIES if f.name == family).end_of_turn if t in vocab][:1] + [tok.eos_token_id]
+        family_eot = next(f for f in FAMILIES if f.name == family).end_of_turn
+        ends = [vocab[t] for t in family_eot if t in vocab][:1] + [tok.eos_token_id]
         assert ends[0] is not None and all(model.is_eog(t) for t in ends), ends
         assert not any(model.is_eog(t) for t in tok("Hello world, the weather", add_special_tokens=False)["input_ids"])
+        adds_bos = tok("a")["input_ids"][0] == tok.bos_token_id
+        assert model.meta("tokenizer.ggml.add_bos_token") == str(adds_bos).lower()
+        assert model.meta("tokenizer.ggml.add_space_prefix") == "false"
     finally:
         model.close()
 
@@ -131,3 +146,23 @@ def test_lora_gguf_refuses_modules_to_save_in_one_line(sharp_dir, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "modules_to_save" in err[0] and "--format gguf" in err[0], err
     assert not out.exists()
+
+
+def test_llama3_rope_factors_give_transformers_frequencies():
+    """Llama 3.1's rope scaling changes only long wavelengths, which a short check prompt cannot see: the factors
+    written as rope_freqs (llama.cpp divides each base frequency by its factor) must give transformers' own."""
+    import numpy as np
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from roctune.export.gguf_specs import _llama3_factors
+
+    shape = family_models.CONFIGS["llama"][2]
+    config = LlamaConfig(vocab_size=16, **shape)
+    cfg = config.to_dict()
+    (name, factors), = _llama3_factors(cfg)
+    dim, theta = cfg["head_dim"], cfg["rope_parameters"]["rope_theta"]
+    base = 1.0 / theta ** (np.arange(0, dim, 2) / dim)
+    want = ROPE_INIT_FUNCTIONS["llama3"](config)[0].numpy()
+    assert name == "rope_freqs.weight" and np.allclose(base / factors, want, rtol=1e-5)
+    assert (factors > 1).any() and (factors == 1).any()  # both ends of the scaling are exercised

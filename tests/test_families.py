@@ -38,20 +38,6 @@ PAIRS = [{"prompt": "Who are you?", "chosen": "I am Roc.", "rejected": "I am nob
          {"prompt": "What is 2 + 2?", "chosen": "4.", "rejected": "5."}]
 
 
-@pytest.fixture(scope="session")
-def family_dir(tmp_path_factory, default_model_dir):
-    """family -> its tiny model directory, built on first use."""
-    built: dict[str, str] = {}
-
-    def get(family: str) -> str:
-        if family not in built:
-            folder = tmp_path_factory.mktemp(f"family-{family}")
-            built[family] = family_models.build(family, str(folder), default_model_dir)
-        return built[family]
-
-    return get
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("family-data")

@@ -145,7 +145,7 @@ def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank:
         parts += ["## vLLM\n", f"```\nvllm serve {run}\n```\n", "## SGLang\n",
                   f"```\npython -m sglang.launch_server --model-path {run}\n```\n"]
     else:
-        parts += ["## vLLM (the unmerged adapter, on a GPU)\n",
+        parts += ["## vLLM (the unmerged adapter; a GPU, or vLLM's CPU build)\n",
                   f"```\nvllm serve {base} --enable-lora --lora-modules {name}={run} {lora}\n```",
                   f"Ask for model `{name}` in the OpenAI API.\n", "## SGLang (the unmerged adapter, on a GPU)\n",
                   f"```\npython -m sglang.launch_server --model-path {base} --enable-lora "

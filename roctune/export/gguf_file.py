@@ -45,12 +45,13 @@ PRE_TOKENIZERS = {
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # SmolLM, SmolLM2
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3, 3.1, 3.2
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",      # Qwen1.5 to Qwen3
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen3 embedding/newer
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen3-Embedding
+    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",     # Mistral Nemo
 }
 
 
 def check_quant(quant: str) -> None:
-    """Refuse an unknown quant type, or a K-quant without llama-cpp-python, with one line."""
+    """Refuse an unknown quant type, or a K-quant without llama.cpp's quantizer installed, with one line."""
     if quant in QUANTS:
         return
     if quant in KQUANTS:
@@ -103,7 +104,7 @@ def check_model(model_dir: str, tokenizer):
 
 def pre_tokenizer(tokenizer, where: str) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    model_type = json.loads(backend.to_str())["model"]["type"] if backend is not None else None
+    model_type = type(backend.model).__name__ if backend is not None else None  # "BPE", "Unigram", ...
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = PRE_TOKENIZERS.get(digest)
     if model_type != "BPE" or name is None:
@@ -178,7 +179,8 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     no space prefix. The family's end-of-turn token becomes `eot`, so llama.cpp stops there."""
     import gguf
 
-    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    vocab = tokenizer.get_vocab()
+    reverse = {i: t for t, i in vocab.items()}
     added = {i: t for i, t in tokenizer.added_tokens_decoder.items()}
     tokens, types = [], []
     for i in range(vocab_size):
@@ -201,7 +203,6 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     first = tokenizer("a")["input_ids"][:1]
     special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
     special.add_special_token["eos"] = False
-    vocab = tokenizer.get_vocab()
     eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
     if eot is not None and eot != tokenizer.eos_token_id:
         special.special_token_types = tuple(special.special_token_types) + ("eot",)

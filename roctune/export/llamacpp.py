@@ -119,13 +119,14 @@ def _build_shim(path: str) -> None:
 
 
 def weaken_version_need(path: str, version: bytes) -> int:
-    """Mark `version` weak in an ELF64 little-endian file's version needs (in place); returns how many entries.
+    """Mark `version` weak in an ELF64 little-endian file's version needs; returns how many entries name it.
 
     Written here rather than with a tool (patchelf cannot do this one): the `.gnu.version_r` layout is fixed by
     the ELF gABI, Verneed {u16 version, u16 cnt, u32 file, u32 aux, u32 next} and Vernaux {u32 hash, u16 flags,
     u16 other, u32 name, u32 next}."""
     with open(path, "rb") as f:
-        data = bytearray(f.read())
+        original = f.read()
+    data = bytearray(original)
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise EnvironmentProblem(f"{path}: not a 64-bit little-endian ELF library")
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -146,9 +147,22 @@ def weaken_version_need(path: str, version: bytes) -> int:
                     changed += 1
                 apos += anext
             pos += nxt
-    with open(path, "wb") as f:
-        f.write(data)
+    if bytes(data) != original:  # a new file renamed over the old one: a process that has the library loaded
+        tmp = f"{path}.tmp-{os.getpid()}"  # keeps its mapping of the old file (rewriting it in place would
+        with open(tmp, "wb") as f:         # crash that process)
+            f.write(data)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
     return changed
+
+
+def threads() -> int:
+    """OMP_NUM_THREADS when set (as torch honours it), else every CPU: ggml's threads spin while they wait, so
+    more threads than the user allowed slow a shared machine down rather than speed it up."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return os.cpu_count() or 1
 
 
 # ------------------------------------------------------------------------------------------------ quantizer
@@ -162,7 +176,7 @@ def quantize(src: str, dst: str, quant: str) -> None:
     ffi, lib = binding()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
     params.ftype = getattr(lib, FTYPES[quant])
-    params.nthread = os.cpu_count() or 1
+    params.nthread = threads()
     rc = lib.llama_model_quantize(src.encode(), dst.encode(), params)
     if rc != 0:
         raise EnvironmentProblem(f"llama.cpp's quantizer failed on {src} (code {rc})")
@@ -216,6 +230,12 @@ class Model:
         text = self.lib.llama_model_chat_template(self.model, self.ffi.NULL)
         return None if text == self.ffi.NULL else self.ffi.string(text).decode("utf-8")
 
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the file as llama.cpp reads it (as text), None when absent."""
+        buf = self.ffi.new("char[]", 256)
+        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, 256)
+        return None if n < 0 else self.ffi.string(buf).decode("utf-8", "replace")
+
     def is_eog(self, token: int) -> bool:
         return bool(self.lib.llama_vocab_is_eog(self.vocab, token))
 
@@ -227,7 +247,7 @@ class Model:
         # no larger than needed: llama.cpp picks Phi-3's long-context rope factors by the context size (above the
         # original context), transformers by the sequence length, so a short check must use a short context
         params.n_ctx = params.n_batch = max(self.n_ctx, len(ids) + new_tokens + 1)
-        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = threads()
         ctx = self.lib.llama_init_from_model(self.model, params)
         try:
             if self.adapter != self.ffi.NULL:

@@ -68,14 +68,14 @@ def _find_data(spec: str, run: str) -> str:
 
 
 def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: list[list[dict]],
-           log=lambda *_: None, lora: str | None = None) -> dict:
+           log=lambda *_: None, lora: str | None = None, tokenizer=None) -> dict:
     """Compare the GGUF with the merged model, counting the prompts through `log` when it takes a while; raise
     when it is off, return the figures otherwise. The GGUF is run by llama.cpp itself when its library is
     installed (the consumer: its loader, tokenizer and kernels), else read back by transformers. `lora`: a LoRA
     GGUF that llama.cpp applies to the GGUF (then the GGUF is the base and `merged_dir` the merged model)."""
     from roctune.export import llamacpp
 
-    ref, tok = _load_reference(merged_dir)
+    ref, tok = _load_reference(merged_dir, tokenizer)
     path = os.path.join(gguf_dir, gguf_name)
     runs = [_reference_run(ref, tok, msgs) for msgs in counted(prompts, "checking gguf prompt", log)]
     tol = TOLERANCE.get(quant, KQUANT_TOLERANCE)
@@ -96,7 +96,8 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, prompts: 
     return report
 
 
-def _load_reference(merged_dir: str):
+def _load_reference(merged_dir: str, tokenizer=None):
+    """The merged model in fp32 and its tokenizer (the one given: export has loaded it already)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -104,7 +105,7 @@ def _load_reference(merged_dir: str):
     hf_logging.disable_progress_bar()
     try:
         return (AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval(),
-                AutoTokenizer.from_pretrained(merged_dir))
+                tokenizer or AutoTokenizer.from_pretrained(merged_dir))
     finally:
         hf_logging.enable_progress_bar()
 

@@ -35,13 +35,13 @@ def merge_handler(ws):
 
 def gguf_handler(ws):
     @guard("export", 1)
-    def on_export(adapter, output, quant, name, verify, overwrite):
+    def on_export(adapter, output, quant, name, verify, overwrite, fmt="gguf"):
         from roctune.export import export
 
         adapter, output = _paths(ws, adapter, output, "GGUF export")
         lines: list[str] = []
         report = export(adapter, output, quant=quant, name=(name or "").strip() or None, verify=bool(verify),
-                        overwrite=bool(overwrite), log=lines.append)
+                        overwrite=bool(overwrite), fmt=fmt or "gguf", log=lines.append)
         return box("\n".join(lines), "ok") + check_table(report.get("check"))
 
     return on_export
@@ -52,13 +52,15 @@ def check_table(check: dict | None) -> str:
     if not check:
         return ""
     rows = "".join(f"<tr><td>{esc(a['merged'])}</td><td>{esc(a['gguf'])}</td>"
-                   f"<td>{'yes' if a['merged'] == a['gguf'] else 'no'}</td></tr>" for a in check["answers"])
-    return ('<table class="rt-table"><tr><th>merged model answers</th><th>GGUF answers</th><th>equal</th></tr>'
-            f"{rows}</table>")
+                   f"<td>{t('yes') if a['merged'] == a['gguf'] else t('no')}</td></tr>" for a in check["answers"])
+    heads = "".join(f"<th>{t(h)}</th>" for h in ("merged model answers", "GGUF answers", "equal"))
+    return f'<table class="rt-table"><tr>{heads}</tr>{rows}</table>'
+
 
 
 def build(gr, ws, lang) -> SimpleNamespace:
     """The Export tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
+    from roctune.export import FORMATS
     from roctune.export.gguf_file import KQUANTS, QUANTS
 
     ui = SimpleNamespace()
@@ -72,10 +74,12 @@ def build(gr, ws, lang) -> SimpleNamespace:
             ui.overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
         ui.btn = gr.Button("Merge and save", variant="primary", elem_id="rt-merge")
         ui.status = gr.HTML(elem_id="rt-export-status")
-        gr.Markdown("Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, read back and "
-                    "compared with the merged model (`roctune export`).")
+        gr.Markdown("Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, run in llama.cpp "
+                    "(or read back) and compared with the merged model (`roctune export`); lora-gguf: the adapter "
+                    "alone, for `llama-server --lora` and Ollama's ADAPTER beside a GGUF of the base model.")
         with gr.Row():
             ui.gguf_output = gr.Textbox(label="export folder", scale=3, elem_id="rt-gguf-output")
+            ui.fmt = gr.Dropdown(list(FORMATS), value="gguf", label="format", scale=1)
             ui.quant = gr.Dropdown(list(QUANTS + KQUANTS), value="q8_0", label="quant", scale=1)
             ui.name = gr.Textbox(label="name (Ollama)", scale=1, elem_id="rt-gguf-name")
             ui.verify = gr.Checkbox(label="check after writing", value=True, scale=0)
@@ -84,7 +88,7 @@ def build(gr, ws, lang) -> SimpleNamespace:
         ui.gguf_status = gr.HTML(elem_id="rt-gguf-status")
     ui.btn.click(merge_handler(ws), [ui.adapter, ui.output, ui.dtype, ui.overwrite, lang], ui.status)
     ui.gguf_btn.click(gguf_handler(ws), [ui.adapter, ui.gguf_output, ui.quant, ui.name, ui.verify,
-                                         ui.gguf_overwrite, lang], ui.gguf_status)
+                                         ui.gguf_overwrite, ui.fmt, lang], ui.gguf_status)
     ui.adapter.change(lambda a: _beside(a, "-merged"), ui.adapter, ui.output)
     ui.adapter.change(lambda a: _beside(a, "-gguf"), ui.adapter, ui.gguf_output)
     return ui

@@ -233,10 +233,14 @@ ZH: dict[str, str] = {
         "把适配器合并进基础模型，保存为普通的 transformers 模型（`roctune merge`）。",
     "save the merged model to": "合并后的模型保存到", "overwrite": "覆盖",
     "Merge and save": "合并并保存",
-    "Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, read back and compared with the "
-    "merged model (`roctune export`).":
-        "导出供 llama.cpp 和 Ollama 使用的 GGUF 文件，附带 Modelfile 和 DEPLOY.md，并读回与合并后的模型比较"
-        "（`roctune export`）。",
+    "Export a GGUF file for llama.cpp and Ollama, with a Modelfile and DEPLOY.md, run in llama.cpp "
+    "(or read back) and compared with the merged model (`roctune export`); lora-gguf: the adapter "
+    "alone, for `llama-server --lora` and Ollama's ADAPTER beside a GGUF of the base model.":
+        "导出供 llama.cpp 和 Ollama 使用的 GGUF 文件，附带 Modelfile 和 DEPLOY.md，在 llama.cpp 中运行（或读回）"
+        "并与合并后的模型比较（`roctune export`）；lora-gguf：只导出适配器，配合基础模型的 GGUF 用于 "
+        "`llama-server --lora` 和 Ollama 的 ADAPTER。",
+    "format": "格式",
+    "merged model answers": "合并后模型的回答", "GGUF answers": "GGUF 的回答", "equal": "相同", "yes": "是", "no": "否",
     "export folder": "导出目录", "name (Ollama)": "名称（Ollama）", "check after writing": "写完后检查",
     "Export GGUF": "导出 GGUF",
     # errors
