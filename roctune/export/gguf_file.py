@@ -81,8 +81,9 @@ def read_config(model_dir: str) -> dict:
         raise ConfigError(f"{model_dir}: no readable config.json; cannot tell the architecture") from None
 
 
-def check_model(model_dir: str, tokenizer):
-    """(Family, Spec, pre-tokenizer name) for a model this writer supports; one clear error otherwise."""
+def check_model(model_dir: str, tokenizer, search=()):
+    """(Family, Spec, pre-tokenizer name) for a model this writer supports; one clear error otherwise.
+    `search`: more folders where the SentencePiece `tokenizer.model` may be (the base model's)."""
     from roctune.export import gguf_specs
     from roctune.families import known_names
 
@@ -99,10 +100,25 @@ def check_model(model_dir: str, tokenizer):
         raise ConfigError(f"{model_dir}: {family.name} with {why} is not supported by roctune export (llama.cpp "
                           "would compute it differently); use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` "
                           "output")
-    return family, spec, pre_tokenizer(tokenizer, model_dir)
+    return family, spec, pre_tokenizer(tokenizer, model_dir, search)
 
 
-def pre_tokenizer(tokenizer, where: str) -> str:
+def spm_model(tokenizer, model_dir: str, search=()) -> str | None:
+    """The SentencePiece model file behind the tokenizer, when it has one (see spm_vocab.py)."""
+    from roctune.export import spm_vocab
+
+    return spm_vocab.find_model([model_dir, getattr(tokenizer, "name_or_path", None), *search])
+
+
+def pre_tokenizer(tokenizer, where: str, search=()) -> str:
+    """"default" for a SentencePiece vocabulary (checked readable and BPE here, before any weights load); for a
+    byte-level BPE one, llama.cpp's pre-tokenizer name from the hash of the check text's token ids."""
+    from roctune.export import spm_vocab
+
+    model_file = spm_model(tokenizer, where, search)
+    if model_file:
+        spm_vocab.read_proto(model_file)
+        return "default"
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     model_type = type(backend.model).__name__ if backend is not None else None  # "BPE", "Unigram", ...
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
@@ -110,22 +126,25 @@ def pre_tokenizer(tokenizer, where: str) -> str:
     if model_type != "BPE" or name is None:
         raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) is not one whose "
                           f"llama.cpp pre-tokenizer roctune knows ({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); "
-                          "use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` output")
+                          "and no SentencePiece tokenizer.model beside it; use llama.cpp's convert_hf_to_gguf.py on a "
+                          "`roctune merge` output")
     return name
 
 
-def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None) -> dict:
+def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None,
+               search=()) -> dict:
     """Write the model in `model_dir` (a plain transformers directory) to `path`, counting the tensors through
-    `log` when it takes a while. Returns facts for the report."""
+    `log` when it takes a while; `search`: more folders where a SentencePiece tokenizer.model may be. Returns
+    facts for the report."""
     import gguf
 
-    family, spec, pre = check_model(model_dir, tokenizer)
+    family, spec, pre = check_model(model_dir, tokenizer, search)
     cfg = read_config(model_dir)
     w = gguf.GGUFWriter(path, family.gguf_arch)
     w.add_name(_general_name(name, tokenizer))
     _hyperparameters(w, cfg, quant, family)
     spec.keys(w, cfg)
-    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family)
+    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family, spm_model(tokenizer, model_dir, search))
     n = _tensors(w, model_dir, cfg, quant, family, spec, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -136,13 +155,28 @@ def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=
 
 
 def _general_name(name: str, tokenizer) -> str:
-    """llama.cpp treats a model whose general.name contains "phi3"/"phi-3" as Phi-3 mini and looks up its
+    """llama.cpp treats a model whose general.name contains "phi3"/"phi-3" as Phi-3 mini: it looks up its
     SentencePiece tokens (</s>, <unk>, <s>, <|endoftext|>) by text, failing to load a vocabulary without them
-    (Phi-4's, the tiny test models'); such a name is written with "phi_3" instead."""
+    (Phi-4's, the tiny test models'), and strips the whitespace after every other special token, as Phi-3's own
+    tokenizer does (its chat tokens are `rstrip`). A name that would make llama.cpp load or split the vocabulary
+    unlike the model's tokenizer is written with "phi_3" instead."""
+    if not re.search(r"phi-?3", name.lower()):
+        return name
     vocab = tokenizer.get_vocab()
-    if re.search(r"phi-?3", name.lower()) and not all(t in vocab for t in ("</s>", "<unk>", "<s>", "<|endoftext|>")):
-        return re.sub(r"(?i)phi-?3", "phi_3", name)
-    return name
+    if all(t in vocab for t in PHI3_TOKENS) and _strips_after_specials(tokenizer):
+        return name
+    return re.sub(r"(?i)phi-?3", "phi_3", name)
+
+
+PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def _strips_after_specials(tokenizer) -> bool:
+    """Whether the tokenizer drops the whitespace after each of its special tokens llama.cpp strips for Phi-3."""
+    specials = [t.content for t in tokenizer.added_tokens_decoder.values()
+                if t.special and t.content not in PHI3_TOKENS[1:]]
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return all(ids(f"{t}\n \nx") == ids(f"{t}x") for t in specials)
 
 
 def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
@@ -171,12 +205,35 @@ def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> None:
-    """The BPE vocabulary as llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
+def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, model_file: str | None) -> None:
+    """The vocabulary: a SentencePiece one from `model_file` (spm_vocab.py), else the byte-level BPE one as
+    llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
     added special tokens are control tokens, other added tokens user-defined; merges, special ids and the
     chat template come from `gguf.SpecialVocab`, the template being the one training rendered with. Whether
     llama.cpp adds BOS itself is what the tokenizer does (SmolLM2's does not; Llama 3's does); BPE tokenizers add
     no space prefix. The family's end-of-turn token becomes `eot`, so llama.cpp stops there."""
+    import gguf
+
+    from roctune.export import spm_vocab
+
+    if model_file:
+        spm_vocab.write(w, tokenizer, model_file, vocab_size)
+    else:
+        _bpe_vocab(w, tokenizer, vocab_size, pre)
+    vocab = tokenizer.get_vocab()
+    special = gguf.SpecialVocab(model_dir, load_merges=not model_file, n_vocab=vocab_size)
+    special.chat_template = tokenizer.chat_template
+    first = tokenizer("a")["input_ids"][:1]
+    special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
+    special.add_special_token["eos"] = False
+    eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
+    if eot is not None and eot != tokenizer.eos_token_id:
+        special.special_token_types = tuple(special.special_token_types) + ("eot",)
+        special.special_token_ids["eot"] = eot
+    special.add_to_gguf(w)
+
+
+def _bpe_vocab(w, tokenizer, vocab_size: int, pre: str) -> None:
     import gguf
 
     vocab = tokenizer.get_vocab()
@@ -198,16 +255,6 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_add_space_prefix(False)
-    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
-    special.chat_template = tokenizer.chat_template
-    first = tokenizer("a")["input_ids"][:1]
-    special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
-    special.add_special_token["eos"] = False
-    eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
-    if eot is not None and eot != tokenizer.eos_token_id:
-        special.special_token_types = tuple(special.special_token_types) + ("eot",)
-        special.special_token_ids["eot"] = eot
-    special.add_to_gguf(w)
 
 
 def _permute(weights, n_head: int):

@@ -1,0 +1,160 @@
+"""GGUF export of models with a SentencePiece vocabulary (Mistral 7B, Gemma 2, Phi-3 mini, Llama 2), checked by
+llama.cpp itself.
+
+A tiny SentencePiece model is trained here with the `sentencepiece` package (BPE, byte fallback, digits split,
+a few hundred pieces, on generated English and Chinese text) with each family's special pieces and ids, and
+wrapped as the family's transformers tokenizer (LlamaTokenizer with the normalizer of Llama 2's and Mistral's
+tokenizer.json, '▁' prepended to every text segment, for Mistral and Phi-3, GemmaTokenizer for Gemma) from the `tokenizer.model` file; Phi-3's chat tokens are added on top of the
+model's pieces, as in its tokenizer.json. The family's tiny model (tests/family_models.py shapes, sharpened) is
+exported as q8_0 with `roctune export`, whose own check runs the file in llama.cpp (same token ids for the
+rendered prompts, logits within tolerance, greedy answers). Here, besides: llama.cpp splits a fixed mixed text
+(English, Chinese outside the vocabulary, digits, runs of spaces, a special token) into the same ids as
+transformers; the greedy answers (16 tokens) of an f16 export are equal (at q8_0 a random tiny model's near-ties
+flip some late token: measured 2 of 3 equal for Mistral, the logits within 0.06 of their spread); the end-of-turn
+token and EOS end generation in llama.cpp and text
+tokens do not. Tolerance: max |logit difference| within 0.3 of the spread of transformers' logits, as for the
+byte-level BPE families (test_export_families.py)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+
+import pytest
+
+import family_models
+
+pytest.importorskip("sentencepiece")
+REL_TOLERANCE = 0.3
+MIXED = "Hello world, the water  is  here!\n我想在apple工作1314151天 ok   {special} 42 end"
+
+# family -> (tokenizer class, SentencePiece ids/pieces, pieces in the model, tokens added on top, eot, template)
+LLAMA_IDS = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+GEMMA_IDS = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>")
+STYLES = {
+    "mistral": ("LlamaTokenizer", LLAMA_IDS, {"control_symbols": ["[INST]", "[/INST]"]}, [], "</s>",
+                family_models.MISTRAL),
+    "gemma2": ("GemmaTokenizer", GEMMA_IDS, {"user_defined_symbols": ["<start_of_turn>", "<end_of_turn>"]}, [],
+               "<end_of_turn>", family_models.GEMMA2),
+    "phi3": ("LlamaTokenizer", LLAMA_IDS, {}, ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>",
+                                              "<|system|>"], "<|end|>", family_models.PHI3),
+}
+
+
+def _corpus(n: int = 400) -> list[str]:
+    rng = random.Random(0)
+    words = ("the of and to in is you that it was for on are as with they at be this have from or one had by word "
+             "but not what all were we when your can said there use an each which she do how if will up other about "
+             "out many then them these so some would make like him into time has look two more write go see number "
+             "no way could people my than first water been call who now find long down day did get come made may "
+             "part hello world assistant answer question").split()
+    zh = "我想在工作天你好世界中国人大学生今天气很"
+    return [" ".join(rng.choice(words) for _ in range(12)) + " " + "".join(rng.choice(zh) for _ in range(4)) +
+            f" {rng.randint(0, 99999)}" for _ in range(n)]
+
+
+def train_spm(folder: str, ids: dict, extra: dict, model_type: str = "bpe") -> str:
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_writer=out, vocab_size=600,
+                                   model_type=model_type, byte_fallback=True, character_coverage=0.9995,
+                                   split_digits=True, minloglevel=2, **ids, **extra)
+    path = os.path.join(folder, "tokenizer.model")
+    with open(path, "wb") as f:
+        f.write(out.getvalue())
+    return path
+
+
+def spm_tokenizer(family: str, folder: str):
+    """The family's transformers tokenizer from a freshly trained tokenizer.model in `folder`."""
+    from transformers import AutoTokenizer
+
+    cls, ids, extra, added, _, template = STYLES[family]
+    os.makedirs(folder, exist_ok=True)
+    train_spm(folder, ids, extra)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": cls, "legacy": True, "add_bos_token": True}, f)
+    tok = AutoTokenizer.from_pretrained(folder)
+    if cls == "LlamaTokenizer":  # as in Llama 2's and Mistral's tokenizer.json: '▁' before every text segment
+        from tokenizers import normalizers
+
+        tok.backend_tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                                 normalizers.Replace(" ", "\u2581")])
+        tok.backend_tokenizer.pre_tokenizer = None
+    if added:  # as in Phi-3's tokenizer.json: </s> and its chat tokens drop the whitespace after them
+        from tokenizers import AddedToken
+
+        tok.add_special_tokens({"additional_special_tokens": [
+            AddedToken(t, special=True, normalized=False, rstrip=t != "<|endoftext|>") for t in ["</s>", *added]]})
+        tok.eos_token = tok.pad_token = "<|endoftext|>"
+    if family == "gemma2":
+        tok.pad_token = "<pad>"
+    tok.chat_template = template
+    return tok
+
+
+def build(family: str, folder: str) -> str:
+    """The family's tiny model with a SentencePiece tokenizer (tokenizer.model kept beside it), sharpened."""
+    import torch
+    import transformers
+
+    cls_name, _, shape = family_models.CONFIGS[family]
+    tok = spm_tokenizer(family, folder)
+    ids = {f"{k}_token_id": tok.convert_tokens_to_ids(getattr(tok, f"{k}_token")) if getattr(tok, f"{k}_token")
+           else None for k in ("bos", "eos", "pad")}
+    config = getattr(transformers, cls_name)(vocab_size=len(tok), **shape, **ids)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return family_models.sharpen(folder)
+
+
+@pytest.mark.parametrize("family", list(STYLES))
+def test_sentencepiece_gguf_runs_in_llama_cpp_like_the_model(family, tmp_path):
+    from roctune.export import export, llamacpp
+    from roctune.models import load_tokenizer
+
+    folder = build(family, str(tmp_path / "model"))
+    f16 = export(folder, str(tmp_path / "f16"), quant="f16", name=f"tiny {family}", log=lambda s: None)["check"]
+    assert f16["answers_equal"] == f16["prompts"] == 3, f16["answers"]
+    report = export(folder, str(tmp_path / "out"), quant="q8_0", name=f"tiny {family}", log=lambda s: None)
+    check = report["check"]
+    assert report["pre_tokenizer"] == "default" and check["checked_by"] == "llama.cpp", report
+    assert check["max_rel_logit_diff"] <= REL_TOLERANCE, check
+    tok = load_tokenizer(folder)
+    eot = STYLES[family][4]
+    text = MIXED.format(special=eot)
+    want = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in want and tok.convert_tokens_to_ids(eot) in want
+    assert any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in want)  # byte fallback exercised
+    model = llamacpp.Model(os.path.join(tmp_path, "out", report["gguf"]))
+    try:
+        assert model.tokenize(text) == want
+        assert model.meta("tokenizer.ggml.model") == "llama"
+        assert model.meta("tokenizer.ggml.add_space_prefix") == ("false" if family == "gemma2" else "true")
+        assert model.meta("tokenizer.ggml.add_bos_token") == "true"
+        ends = [tok.convert_tokens_to_ids(eot), tok.eos_token_id]
+        assert all(model.is_eog(t) for t in ends), ends
+        assert not any(model.is_eog(t) for t in tok("Hello world, the water", add_special_tokens=False)["input_ids"])
+    finally:
+        model.close()
+
+
+def test_unigram_and_unknown_tokenizers_are_refused_in_one_line(tmp_path, capsys):
+    """A SentencePiece unigram model (llama.cpp would split it by BPE-style merges) and a folder with neither a
+    tokenizer.model nor a byte-level BPE tokenizer.json are refused before any weights load, nothing written."""
+    from roctune.cli import main
+
+    folder = build("mistral", str(tmp_path / "model"))
+    train_spm(folder, LLAMA_IDS, STYLES["mistral"][2], model_type="unigram")
+    capsys.readouterr()
+    assert main(["export", "--adapter", folder, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unigram" in err[0] and "tokenizer.model" in err[0], err
+    os.unlink(os.path.join(folder, "tokenizer.model"))  # tokenizer.json alone: a Metaspace BPE, not byte-level
+    assert main(["export", "--adapter", folder, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no SentencePiece tokenizer.model" in err[0], err
+    assert not (tmp_path / "out").exists()
