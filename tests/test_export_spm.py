@@ -156,5 +156,20 @@ def test_unigram_and_unknown_tokenizers_are_refused_in_one_line(tmp_path, capsys
     os.unlink(os.path.join(folder, "tokenizer.model"))  # tokenizer.json alone: a Metaspace BPE, not byte-level
     assert main(["export", "--adapter", folder, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no SentencePiece tokenizer.model" in err[0], err
+    assert len(err) == 1 and "has no SentencePiece tokenizer.model" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_run_on_a_sentencepiece_model_exports(tmp_path):
+    """A LoRA run's export finds the base model's tokenizer.model (the run and the merged model keep only
+    tokenizer.json) and passes llama.cpp's check; so does its --format lora-gguf on an f16 GGUF of the base."""
+    from test_export_families import _lora_run
+
+    from roctune.export import export
+
+    run = _lora_run(build("mistral", str(tmp_path / "base")), tmp_path / "run", tmp_path)
+    assert not os.path.exists(os.path.join(run, "tokenizer.model"))
+    for fmt in ("gguf", "lora-gguf"):
+        report = export(run, str(tmp_path / fmt), fmt=fmt, name="roc", log=lambda s: None)
+        assert report["check"]["checked_by"] == "llama.cpp", report
+        assert report["check"]["max_rel_logit_diff"] <= (REL_TOLERANCE if fmt == "gguf" else 0.05), report["check"]

@@ -111,24 +111,26 @@ def spm_model(tokenizer, model_dir: str, search=()) -> str | None:
 
 
 def pre_tokenizer(tokenizer, where: str, search=()) -> str:
-    """"default" for a SentencePiece vocabulary (checked readable and BPE here, before any weights load); for a
-    byte-level BPE one, llama.cpp's pre-tokenizer name from the hash of the check text's token ids."""
+    """For a byte-level BPE tokenizer llama.cpp knows, its pre-tokenizer name (from the hash of the check text's
+    token ids); else "default" for a SentencePiece vocabulary (its tokenizer.model checked readable and BPE here,
+    before any weights load). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
+    tiktoken file under that name)."""
     from roctune.export import spm_vocab
 
-    model_file = spm_model(tokenizer, where, search)
-    if model_file:
-        spm_vocab.read_proto(model_file)
-        return "default"
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     model_type = type(backend.model).__name__ if backend is not None else None  # "BPE", "Unigram", ...
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = PRE_TOKENIZERS.get(digest)
-    if model_type != "BPE" or name is None:
-        raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) is not one whose "
-                          f"llama.cpp pre-tokenizer roctune knows ({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); "
-                          "and no SentencePiece tokenizer.model beside it; use llama.cpp's convert_hf_to_gguf.py on a "
-                          "`roctune merge` output")
-    return name
+    if model_type == "BPE" and name is not None:
+        return name
+    model_file = spm_model(tokenizer, where, search)
+    if model_file:
+        spm_vocab.read_proto(model_file)
+        return "default"
+    raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) has no SentencePiece "
+                      "tokenizer.model and is not a byte-level BPE whose llama.cpp pre-tokenizer roctune knows "
+                      f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); use llama.cpp's convert_hf_to_gguf.py "
+                      "on a `roctune merge` output")
 
 
 def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None,
@@ -144,7 +146,8 @@ def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=
     w.add_name(_general_name(name, tokenizer))
     _hyperparameters(w, cfg, quant, family)
     spec.keys(w, cfg)
-    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family, spm_model(tokenizer, model_dir, search))
+    spm = spm_model(tokenizer, model_dir, search) if pre == "default" else None
+    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family, spm)
     n = _tensors(w, model_dir, cfg, quant, family, spec, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()
