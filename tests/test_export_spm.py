@@ -37,6 +37,8 @@ STYLES = {
                 family_models.MISTRAL),
     "gemma2": ("GemmaTokenizer", GEMMA_IDS, {"user_defined_symbols": ["<start_of_turn>", "<end_of_turn>"]}, [],
                "<end_of_turn>", family_models.GEMMA2),
+    "gemma3": ("GemmaTokenizer", GEMMA_IDS, {"user_defined_symbols": ["<start_of_turn>", "<end_of_turn>"]}, [],
+               "<end_of_turn>", family_models.GEMMA3),
     "phi3": ("LlamaTokenizer", LLAMA_IDS, {}, ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>",
                                               "<|system|>"], "<|end|>", family_models.PHI3),
 }
@@ -89,7 +91,7 @@ def spm_tokenizer(family: str, folder: str):
         tok.add_special_tokens({"additional_special_tokens": [
             AddedToken(t, special=True, normalized=False, rstrip=t != "<|endoftext|>") for t in ["</s>", *added]]})
         tok.eos_token = tok.pad_token = "<|endoftext|>"
-    if family == "gemma2":
+    if family.startswith("gemma"):
         tok.pad_token = "<pad>"
     tok.chat_template = template
     return tok
@@ -133,7 +135,7 @@ def test_sentencepiece_gguf_runs_in_llama_cpp_like_the_model(family, tmp_path):
     try:
         assert model.tokenize(text) == want
         assert model.meta("tokenizer.ggml.model") == "llama"
-        assert model.meta("tokenizer.ggml.add_space_prefix") == ("false" if family == "gemma2" else "true")
+        assert model.meta("tokenizer.ggml.add_space_prefix") == ("false" if family.startswith("gemma") else "true")
         assert model.meta("tokenizer.ggml.add_bos_token") == "true"
         ends = [tok.convert_tokens_to_ids(eot), tok.eos_token_id]
         assert all(model.is_eog(t) for t in ends), ends
@@ -173,3 +175,18 @@ def test_run_on_a_sentencepiece_model_exports(tmp_path):
         report = export(run, str(tmp_path / fmt), fmt=fmt, name="roc", log=lambda s: None)
         assert report["check"]["checked_by"] == "llama.cpp", report
         assert report["check"]["max_rel_logit_diff"] <= (REL_TOLERANCE if fmt == "gguf" else 0.05), report["check"]
+
+
+def test_phi3_name_is_kept_only_when_llama_cpp_splits_like_the_tokenizer(tmp_path):
+    """llama.cpp strips the whitespace after the special tokens of a model named Phi-3; the name is written
+    as is for a tokenizer that does the same (Phi-3's), with "phi_3" for one that keeps it or lacks Phi-3's
+    SentencePiece tokens."""
+    from tokenizers import AddedToken
+
+    from roctune.export.gguf_file import _general_name
+
+    tok = spm_tokenizer("phi3", str(tmp_path / "phi3"))
+    assert _general_name("my Phi-3 tune", tok) == "my Phi-3 tune"
+    assert _general_name("my phi3 tune", spm_tokenizer("mistral", str(tmp_path / "mistral"))) == "my phi_3 tune"
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken("<|tool|>", special=True, normalized=False)]})
+    assert _general_name("my Phi-3 tune", tok) == "my phi_3 tune"
