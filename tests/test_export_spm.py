@@ -25,7 +25,6 @@ import pytest
 
 import family_models
 
-pytest.importorskip("sentencepiece")
 REL_TOLERANCE = 0.3
 MIXED = "Hello world, the water  is  here!\n我想在apple工作1314151天 ok   {special} 42 end"
 
@@ -190,3 +189,18 @@ def test_phi3_name_is_kept_only_when_llama_cpp_splits_like_the_tokenizer(tmp_pat
     assert _general_name("my phi3 tune", spm_tokenizer("mistral", str(tmp_path / "mistral"))) == "my phi_3 tune"
     tok.add_special_tokens({"additional_special_tokens": [AddedToken("<|tool|>", special=True, normalized=False)]})
     assert _general_name("my Phi-3 tune", tok) == "my phi_3 tune"
+
+
+def test_without_llama_cpp_the_check_is_refused_before_loading(tmp_path, monkeypatch):
+    """transformers' GGUF reader splits text after a special token unlike llama.cpp, so without llama.cpp's
+    library a SentencePiece export asks for it (or --no-verify) before anything loads; --no-verify writes."""
+    from roctune.errors import EnvironmentProblem
+    from roctune.export import export, llamacpp
+
+    folder = build("mistral", str(tmp_path / "model"))
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    with pytest.raises(EnvironmentProblem, match=r"roctune\[gguf\].*--no-verify"):
+        export(folder, str(tmp_path / "out"), quant="f16", log=lambda s: None)
+    assert not (tmp_path / "out").exists()
+    report = export(folder, str(tmp_path / "out"), quant="f16", verify=False, log=lambda s: None)
+    assert os.path.getsize(tmp_path / "out" / report["gguf"]) > 0

@@ -46,7 +46,8 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src)
-    family = gguf_file.check_model(adapter if full else base, tok, (base,))[0]  # before any weights load
+    family, _, pre = gguf_file.check_model(adapter if full else base, tok, (base,))  # before any weights load
+    _check_checker(fmt, verify, pre)
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
     gguf_name = f"{name}-lora.gguf" if fmt == "lora-gguf" else f"{name}-{quant}.gguf"
     started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "format": fmt, "gguf": gguf_name}
@@ -115,6 +116,18 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
                                           "a LoRA GGUF is checked in llama.cpp: pip install 'roctune[gguf]'"))
     report["seconds"] = round(time.monotonic() - started, 1)
     rundir.atomic_write_text(os.path.join(tmp, MARKER), json.dumps(report, indent=1, ensure_ascii=False))
+
+
+def _check_checker(fmt: str, verify: bool, pre: str) -> None:
+    """A SentencePiece vocabulary ("default" pre-tokenizer) can only be checked by llama.cpp itself: transformers'
+    GGUF reader rebuilds the tokenizer without the space llama.cpp (and Llama 2's, Mistral's tokenizers) put
+    before text that follows a special token, so its read-back would refuse a right file."""
+    from roctune.errors import EnvironmentProblem
+    from roctune.export import llamacpp
+
+    if fmt == "gguf" and verify and pre == "default" and not llamacpp.available():
+        raise EnvironmentProblem("this model's SentencePiece vocabulary is checked in llama.cpp itself: pip install "
+                                 "'roctune[gguf]' (prebuilt, no compiler), or export with --no-verify")
 
 
 def ollama_name(text: str) -> str:
