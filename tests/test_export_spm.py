@@ -1,19 +1,23 @@
 """GGUF export of models with a SentencePiece vocabulary (Mistral 7B, Gemma 2, Phi-3 mini, Llama 2), checked by
 llama.cpp itself.
 
-A tiny SentencePiece model is trained here with the `sentencepiece` package (BPE, byte fallback, digits split,
-a few hundred pieces, on generated English and Chinese text) with each family's special pieces and ids, and
-wrapped as the family's transformers tokenizer (LlamaTokenizer with the normalizer of Llama 2's and Mistral's
-tokenizer.json, '▁' prepended to every text segment, for Mistral and Phi-3, GemmaTokenizer for Gemma) from the `tokenizer.model` file; Phi-3's chat tokens are added on top of the
-model's pieces, as in its tokenizer.json. The family's tiny model (tests/family_models.py shapes, sharpened) is
-exported as q8_0 with `roctune export`, whose own check runs the file in llama.cpp (same token ids for the
-rendered prompts, logits within tolerance, greedy answers). Here, besides: llama.cpp splits a fixed mixed text
-(English, Chinese outside the vocabulary, digits, runs of spaces, a special token) into the same ids as
-transformers; the greedy answers (16 tokens) of an f16 export are equal (at q8_0 a random tiny model's near-ties
-flip some late token: measured 2 of 3 equal for Mistral, the logits within 0.06 of their spread); the end-of-turn
-token and EOS end generation in llama.cpp and text
-tokens do not. Tolerance: max |logit difference| within 0.3 of the spread of transformers' logits, as for the
-byte-level BPE families (test_export_families.py)."""
+A tiny SentencePiece model is trained here with the `sentencepiece` package (BPE, byte fallback, digits split, a few
+hundred pieces, on generated English and Chinese text) with each family's special pieces and ids, and wrapped as the
+family's transformers tokenizer (LlamaTokenizer with the normalizer of Llama 2's and Mistral's tokenizer.json, '▁'
+prepended to every text segment, for Mistral and Phi-3, GemmaTokenizer for Gemma) from the `tokenizer.model` file;
+Phi-3's chat tokens are added on top of the model's pieces, as in its tokenizer.json. The family's tiny model
+(tests/family_models.py shapes, sharpened) is exported as f16, q8_0 and q4_k_m (llama.cpp's quantizer on roctune's
+f16 file) with `roctune export`, whose own check runs the file in llama.cpp (same token ids for the rendered
+prompts, logits within tolerance, greedy answers). Here, besides: llama.cpp splits a fixed mixed text (English,
+Chinese outside the vocabulary, digits, runs of spaces, a special token) into the same ids as transformers; the
+greedy answers (16 tokens) of an f16 export are equal (at q8_0 a random tiny model's near-ties flip some late token:
+measured 2 of 3 equal for Mistral, the logits within 0.06 of their spread); the end-of-turn token and EOS end
+generation in llama.cpp and text tokens do not. Tolerances, as max |logit difference| over the spread (std) of
+transformers' logits: f16 0.05 (measured 0.003-0.008: the layout and vocabulary are right), q8_0 0.3 as for the
+byte-level BPE families (test_export_families.py; measured 0.06-0.11, Gemma 3's six layers 0.24); q4_k_m within
+export's own K-quant tolerance (measured 0.32-0.44, Gemma 3 1.16: 4-bit noise on a random model of hidden size 64,
+where llama.cpp falls back to its legacy 4/5-bit types), which shows llama.cpp's requantized file keeps the
+vocabulary and runs."""
 from __future__ import annotations
 
 import io
@@ -25,7 +29,8 @@ import pytest
 
 import family_models
 
-REL_TOLERANCE = 0.3
+REL_TOLERANCE = 0.3      # q8_0
+F16_REL_TOLERANCE = 0.05
 MIXED = "Hello world, the water  is  here!\n我想在apple工作1314151天 ok   {special} 42 end"
 
 # family -> (tokenizer class, SentencePiece ids/pieces, pieces in the model, tokens added on top, eot, template)
@@ -120,10 +125,13 @@ def test_sentencepiece_gguf_runs_in_llama_cpp_like_the_model(family, tmp_path):
     folder = build(family, str(tmp_path / "model"))
     f16 = export(folder, str(tmp_path / "f16"), quant="f16", name=f"tiny {family}", log=lambda s: None)["check"]
     assert f16["answers_equal"] == f16["prompts"] == 3, f16["answers"]
+    assert f16["max_rel_logit_diff"] <= F16_REL_TOLERANCE, f16
     report = export(folder, str(tmp_path / "out"), quant="q8_0", name=f"tiny {family}", log=lambda s: None)
     check = report["check"]
     assert report["pre_tokenizer"] == "default" and check["checked_by"] == "llama.cpp", report
     assert check["max_rel_logit_diff"] <= REL_TOLERANCE, check
+    k = export(folder, str(tmp_path / "k"), quant="q4_k_m", name=f"tiny {family}", log=lambda s: None)["check"]
+    assert k["checked_by"] == "llama.cpp" and k["max_abs_logit_diff"] <= k["tolerance"], k
     tok = load_tokenizer(folder)
     eot = STYLES[family][4]
     text = MIXED.format(special=eot)
