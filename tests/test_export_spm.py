@@ -37,6 +37,8 @@ MIXED = "Hello world, the water  is  here!\n我想在apple工作1314151天 ok   
 LLAMA_IDS = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
 GEMMA_IDS = dict(pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>")
 STYLES = {
+    # Llama 2: [INST] is plain text, its chat template otherwise Mistral's
+    "llama": ("LlamaTokenizer", LLAMA_IDS, {}, [], "</s>", family_models.MISTRAL),
     "mistral": ("LlamaTokenizer", LLAMA_IDS, {"control_symbols": ["[INST]", "[/INST]"]}, [], "</s>",
                 family_models.MISTRAL),
     "gemma2": ("GemmaTokenizer", GEMMA_IDS, {"user_defined_symbols": ["<start_of_turn>", "<end_of_turn>"]}, [],
@@ -140,9 +142,15 @@ def test_sentencepiece_gguf_runs_in_llama_cpp_like_the_model(family, tmp_path):
     assert any(tok.convert_ids_to_tokens(i).startswith("<0x") for i in want)  # byte fallback exercised
     model = llamacpp.Model(os.path.join(tmp_path, "out", report["gguf"]))
     try:
-        assert model.tokenize(text) == want
+        with_bos = tok.bos_token + text
+        assert model.tokenize(with_bos) == tok(with_bos, add_special_tokens=False)["input_ids"]
+        # transformers 5 rebuilds a Llama model's tokenizer with '▁' before the start of the text only, which
+        # llama.cpp cannot express (it prefixes every text segment or none): text with a special token before it
+        # (a chat prompt, or BOS) splits the same; text at the very start lacks that '▁' in llama.cpp
+        if family != "llama":
+            assert model.tokenize(text) == want
         assert model.meta("tokenizer.ggml.model") == "llama"
-        assert model.meta("tokenizer.ggml.add_space_prefix") == ("false" if family.startswith("gemma") else "true")
+        assert model.meta("tokenizer.ggml.add_space_prefix") == ("false" if family.startswith(("gemma", "llama")) else "true")
         assert model.meta("tokenizer.ggml.add_bos_token") == "true"
         ends = [tok.convert_tokens_to_ids(eot), tok.eos_token_id]
         assert all(model.is_eog(t) for t in ends), ends

@@ -16,7 +16,10 @@ over piece scores) is split differently (measured on a tiny unigram model: llama
 transformers' on 38 of 51 short texts), so it is refused. Whether llama.cpp puts a space before the text
 (`add_space_prefix`; llama.cpp does it at the start and after every special token) follows what the model's
 transformers tokenizer does after a special token - chat prompts are text between special tokens - and the
-export check then compares llama.cpp's tokens with transformers' on the rendered prompts.
+export check then compares llama.cpp's tokens with transformers' on the rendered prompts. (transformers 5
+rebuilds a Llama model's SentencePiece tokenizer with '▁' before the start of the text only; llama.cpp cannot
+express that, so for such a tokenizer text with no special token before it - plain completion without BOS - gets
+no leading space in llama.cpp.)
 """
 from __future__ import annotations
 
