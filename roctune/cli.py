@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
 
 from roctune import __version__
@@ -72,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    previous = _exit_on_sigterm()
+    from roctune import interrupts
+
+    previous = interrupts.install()
     try:
         return int(args.func(args) or 0)
     except RoctuneError as e:
@@ -85,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"roctune {args.command}: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        interrupts.restore(previous)
 
 
 def os_error_line(e: OSError) -> str:
@@ -97,19 +97,6 @@ def os_error_line(e: OSError) -> str:
         return (f"{where}no space left on the device; free some space and run again (what roctune replaces is "
                 "only replaced by a complete new file or run)")
     return f"{where}{e.strerror or e}; choose another path or fix its permissions"
-
-
-def _exit_on_sigterm():
-    """SIGTERM (a `kill`, a scheduler's stop, torchrun ending a failed job) ends the command like Ctrl-C does, so
-    its cleanups run: a half-built --overwrite run or merge folder is removed, never left beside the old one.
-    Returns the previous handler (None where signals cannot be set: not the main thread)."""
-    def terminated(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        return signal.signal(signal.SIGTERM, terminated)
-    except ValueError:
-        return None
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import time
 
+from roctune.interrupts import check
+
 EVERY = 5.0  # seconds before a phase's first line, and between lines (tests set 0 to see every line)
 
 
@@ -28,6 +30,7 @@ class Progress:
             self.task = self.bar.add_task(label, total=total, completed=start, info="")
 
     def update(self, done: int, info: str, log) -> None:
+        check()  # a progress point is a safe point to stop at (roctune.interrupts)
         if self.bar is not None:
             self.bar.update(self.task, completed=done, info=info)
             return
@@ -50,6 +53,7 @@ def counted(items, label: str, say, every: float | None = None):
     t0 = last = time.perf_counter()
     for i, x in enumerate(items, 1):
         yield x
+        check()
         now = time.perf_counter()
         if now - last >= every and i < total:
             last = now
@@ -81,6 +85,7 @@ class Meter:
         self.step, self.due = max(1, total // 1000), 0
 
     def update(self, done: int) -> None:
+        check()
         self.due = done + self.step
         now = time.perf_counter()
         if now - self.last < self.every or not 0 < done < self.total:

@@ -332,6 +332,16 @@ def test_a_reward_that_fails_in_training_names_it(tiny_model_dir, tmp_path):
     assert not (tmp_path / "never").exists()  # checked before the model loads or anything is written
 
 
+def test_prompts_longer_than_max_length_are_named_as_prompts(tiny_model_dir, tmp_path):
+    """GRPO drops a whole prompt that --max-length cannot hold (nothing is cut from an answer it has none of)."""
+    from conftest import run_train
+    from roctune.errors import DataError
+
+    with pytest.raises(DataError, match=r"no trainable prompts left \(all 8 lost the prompt to --max-length 4\)"):
+        run_train(grpo_cfg(tmp_path, tiny_model_dir, max_length=4, max_steps=1))
+    assert not (tmp_path / "run" / "adapter_model.safetensors").exists()
+
+
 def test_prompt_formats_and_columns(tmp_path):
     from conftest import write_jsonl
     from roctune.data.prompts import load_prompts

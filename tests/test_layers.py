@@ -16,7 +16,7 @@ LAYERS = [  # top first
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
     ("hardware and model-family facts", ["hardware", "families"]),
-    ("errors", ["errors", "progress", "strict_yaml", "__init__"]),
+    ("errors", ["errors", "interrupts", "progress", "strict_yaml", "__init__"]),
 ]
 RANK = {name: len(LAYERS) - i for i, (_, names) in enumerate(LAYERS) for name in names}
 

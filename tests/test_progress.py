@@ -169,3 +169,36 @@ def test_webui_train_tick_reads_the_phase_from_status_json(tiny_lora_run, tmp_pa
     status, prog = tick_handler(gr, {"job": job}, 0)()[:2]
     assert "running: evaluating" in status and "started: roctune train" in status, status
     assert prog == "evaluating | step 2/2 | loss 1.5000 | ETA 0:03"
+
+
+def test_a_stop_signal_swallowed_by_a_finalizer_stops_at_the_next_progress_point(monkeypatch):
+    """A SIGTERM (or Ctrl-C) whose KeyboardInterrupt a __del__ swallowed ("Exception ignored in ...") is raised
+    again by the next progress update, so the command still stops (roctune.interrupts)."""
+    import os
+    import signal
+    import sys
+
+    from roctune import interrupts
+    from roctune.progress import Progress, counted
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the finalizer runs
+            for _ in range(10_000):  # the handler runs at the next bytecode check, inside this method
+                pass
+
+    swallowed = []  # what Python would print as "Exception ignored in ..."
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+    previous = interrupts.install()
+    try:
+        Finalized()  # freed at once: its __del__ swallows the KeyboardInterrupt and execution goes on
+        assert swallowed == [KeyboardInterrupt]
+        with pytest.raises(KeyboardInterrupt):
+            for _ in counted(range(3), "items", lambda s: None):
+                pass
+        with pytest.raises(KeyboardInterrupt):
+            Progress(3, enabled=False).update(1, "", lambda s: None)
+    finally:
+        interrupts.restore(previous)
+    for _ in counted(range(3), "items", lambda s: None):  # a new command starts with no stop pending
+        pass

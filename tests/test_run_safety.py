@@ -152,9 +152,12 @@ def test_a_full_disk_during_merge_is_one_line_and_leaves_nothing(tiny_model_dir,
 
 
 def _start(argv, cwd):
+    """roctune in a child process that Ctrl-C reaches: a suite started in the background (`make test &`) inherits
+    SIGINT ignored, which the child's Python would keep, and the test's SIGINT would then be lost."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-m", "roctune", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _kill_when(proc, trigger, sig) -> str:

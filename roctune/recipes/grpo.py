@@ -66,7 +66,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     setup, dist, tokenizer = session.start(cfg, base_model, say)
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
     prompts, eval_prompts = session.tokenize_splits(tokenize_prompts, tokenizer, records, eval_records, cfg, say,
-                                                    "prompt")
+                                                    "prompt", too_long="the prompt")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
     g = _Grpo(cfg, setup, dist, tokenizer, model, plan, funcs, say)

@@ -78,22 +78,25 @@ def phase(cfg, dist: Context, name: str) -> None:
         rundir.write_status(cfg.output, name)
 
 
-def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: str, cache_with=None):
+def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: str, cache_with=None,
+                    too_long: str = "an answer"):
     """Tokenize training and eval records with `tokenize(tokenizer, records, max_length) -> (items, dropped)`,
     warn about items whose answer --max-length cut off, refuse an empty result, and hold out --eval-ratio of
     the training items when no eval data was given. `cache_with` = (settings, stream), for recipes whose items are
     `Tokenized` examples: `stream(tokenizer, records, max_length)` yields them (None for a dropped one) into the
     on-disk cache (`roctune.data.cache`), keyed with `settings` (whatever else they depend on), unless
-    --no-data-cache; a restart or --resume reads them back, memory-mapped, instead of tokenizing again."""
+    --no-data-cache; a restart or --resume reads them back, memory-mapped, instead of tokenizing again.
+    `too_long`: what --max-length takes from a dropped item ("an answer"; GRPO drops whole prompts: "the prompt")."""
     from roctune.data.split import split_eval
 
     train_items, dropped = _tokenize(tokenize, tokenizer, records, cfg.data, cfg, say, cache_with, "training")
     eval_items, _ = (_tokenize(tokenize, tokenizer, eval_records, cfg.eval_data, cfg, say, cache_with, "eval")
                      if eval_records else ([], 0))
+    whole = "a whole answer" if too_long == "an answer" else too_long
     if dropped:
-        say(f"warning: {dropped} {noun}(s) dropped: --max-length {cfg.max_length} cut off a whole answer")
+        say(f"warning: {dropped} {noun}(s) dropped: --max-length {cfg.max_length} cut off {whole}")
     if not train_items:
-        raise DataError(f"no trainable {noun}s left (all {len(records)} lost an answer to --max-length "
+        raise DataError(f"no trainable {noun}s left (all {len(records)} lost {too_long} to --max-length "
                         f"{cfg.max_length}); raise --max-length")
     if cfg.eval_ratio > 0 and not eval_items:
         train_items, eval_items = split_eval(train_items, cfg.eval_ratio, cfg.seed)
