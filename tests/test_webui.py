@@ -657,3 +657,7 @@ def test_settings_are_saved_and_loaded_as_yaml_in_the_workspace(tmp_path):
     assert form["data"] == [os.path.join(os.path.realpath(tmp_path), "a.jsonl")]
     (tmp_path / "bad.yaml").write_text("trust_remote_code: true\n")
     assert "can only be given on the command line" in on_load("bad.yaml")[0]
+    # GRPO's settings are on the form, but never a reward file: code the page's training would run
+    assert "num_generations" in names and "rewards" in names and "reward_file" not in names
+    (tmp_path / "rw.yaml").write_text("reward_file: [rw.py]\n")
+    assert "can only be given on the command line" in on_load("rw.yaml")[0]

@@ -71,11 +71,11 @@ def _train_args(client, values: dict) -> list:
     labels = [p["label"] for p in client.view_api(return_format="dict", print_info=False)
               ["named_endpoints"]["/on_start"]["parameters"]]
     names = [label.replace(" ", "_") for label in labels]
-    assert set(names) == set(specs)
+    assert set(names) == set(specs) and "reward_file" not in names  # no way to hand the page Python code
     args = []
     for name in names:
         default = specs[name]["default"]
-        if isinstance(default, list):
+        if isinstance(default, list) and not specs[name]["choices"]:  # a text box; a list of choices stays a list
             default = "\n".join(default)
         args.append(values.get(name, "" if default is None or callable(default) else default))
     return args

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-FORM_GROUPS = ("data", "model", "training", "lora", "hardware", "run")
+FORM_GROUPS = ("data", "model", "training", "lora", "rl", "hardware", "run")
+# never on the page: a reward file is Python code that would run in the page's training process; like
+# --trust-remote-code for a model it is the user's decision at the command line (roctune train --reward-file)
+PAGE_NEVER = ("reward_file",)
 OPEN_GROUPS = ("data", "model", "training", "lora")
 REPEAT_LISTS = ("data", "eval_data")  # one path per line
 PATH_FIELDS = ("output", "adapter")   # resolved inside the workspace (data lists and the model too)
@@ -18,7 +21,7 @@ ESTIMATE_FIELDS = ("model", "method", "lora_r", "lora_dropout", "target_modules"
 def form_specs(groups: tuple[str, ...] = FORM_GROUPS) -> list[dict]:
     from roctune import config
 
-    return config.form_fields(groups)
+    return [s for s in config.form_fields(groups) if s["name"] not in PAGE_NEVER]
 
 
 def elem_id(name: str) -> str:
