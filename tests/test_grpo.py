@@ -4,6 +4,7 @@ training on a tiny model."""
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -439,3 +440,15 @@ def test_the_example_reward_file_loads_and_scores():
     assert [f.name for f in funcs] == ["exact_sum", "short_answer"]
     vals = rw.score(funcs, ["What is 2 + 3?"] * 2, ["2 + 3 = 5", "It is 6"], [[1] * 6, [1] * 24], {"answer": [5, 5]})
     assert vals == [[1.0, 0.0], [pytest.approx(0.15), 0.0]]
+
+
+@pytest.mark.parametrize("weights, says", [(["1", "x"], "expected numbers"), (["1", "nan"], "finite"),
+                                           (["1"], "1 weight(s) for 2 reward function(s)")])
+def test_reward_weights_are_checked_in_one_line(weights, says):
+    from roctune.config import TrainConfig
+    from roctune.errors import ConfigError
+    from roctune.eval import rewards as rw
+
+    cfg = TrainConfig(stage="grpo", rewards=["answer", "json"], reward_weights=weights)
+    with pytest.raises(ConfigError, match=r"--reward-weights.*" + re.escape(says)):
+        rw.build(cfg, [])

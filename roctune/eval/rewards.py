@@ -211,7 +211,13 @@ def build(cfg, reward_files: list[str]) -> list[Reward]:
     if not rewards:
         raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
                           "--reward-file FILE.py")
-    weights = [float(w) for w in cfg.reward_weights] if cfg.reward_weights else [1.0] * len(rewards)
+    try:
+        weights = [float(w) for w in cfg.reward_weights] if cfg.reward_weights else [1.0] * len(rewards)
+    except ValueError:
+        raise ConfigError(f"--reward-weights {' '.join(cfg.reward_weights)}: expected numbers, one per reward "
+                          "function (e.g. --reward-weights 1 0.5)") from None
+    if not all(math.isfinite(w) for w in weights):
+        raise ConfigError(f"--reward-weights {' '.join(cfg.reward_weights)}: each weight must be a finite number")
     if len(weights) != len(rewards):
         raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(rewards)} reward function(s) "
                           f"({', '.join(r.name for r in rewards)}); give one per function, in that order")
