@@ -42,7 +42,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
-    from roctune.serve.server import check_host, is_loopback, uvicorn_config
+    from roctune.hardware.network import is_loopback
+    from roctune.serve.server import check_host, uvicorn_config
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: expected 0-65535")

@@ -3,25 +3,14 @@
 even a request too malformed for the app, e.g. a bad Content-Length, gets an OpenAI-shaped 400) and
 `ServerThread`, uvicorn in a background thread for tests and scripts."""
 
-import ipaddress
 import json
 import socket
 import threading
 import time
 
 from roctune.errors import ConfigError, RoctuneError
+from roctune.hardware.network import is_loopback
 from roctune.serve.errors import ApiError
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` reaches this machine only (the web UI has the same rule; a component may not import
-    another, so these five lines are repeated rather than shared)."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_host(host: str, api_key: str | None, allow_no_key: bool) -> None:

@@ -12,24 +12,15 @@ from __future__ import annotations
 
 import errno
 import inspect
-import ipaddress
 import os
 import socket
 import stat
 import time
 
 from roctune.errors import ConfigError, EnvironmentProblem
+from roctune.hardware.network import is_loopback
 
 SERVE_WAIT_S = 120.0  # how long a loaded machine may take to answer the first connection
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_auth(text: str, where: str) -> tuple[str, str]:
