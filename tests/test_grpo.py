@@ -247,9 +247,34 @@ def test_rollout_decoding_equals_generate_and_stops_rows_alone(tiny_model_dir):
     e = ref[1][2]  # make a token of row 1 an end of sequence: each row stops at its own first one
     got = sample_completions(model, prompts, 6, 0.0, 1.0, {e}, 0, None, "cpu")
     assert got == [r[:r.index(e) + 1] if e in r else r for r in ref] and len(got[1]) <= 3
+    repeated = sample_completions(model, [p for p in prompts for _ in range(3)], 6, 0.0, 1.0, set(), 0, None, "cpu")
+    assert repeated == [r for r in ref for _ in range(3)]  # a prompt prefilled once serves each of its repeats
     g1, g2 = (torch.Generator().manual_seed(3) for _ in range(2))
     a = sample_completions(model, prompts * 2, 5, 1.0, 0.9, set(), 0, g1, "cpu")
     assert a == sample_completions(model, prompts * 2, 5, 1.0, 0.9, set(), 0, g2, "cpu")  # seeded: repeatable
+
+
+def test_draw_rows_follows_the_weights_and_never_draws_a_zero():
+    """The two-level inverse-CDF draw: frequencies match the weights (within 5 standard errors), a zero weight is
+    never drawn (inside a block, at the start of a row, or as the last block's padding), and a row with one weight
+    always gives it; rows are independent."""
+    import torch
+
+    from roctune.decoding import draw_rows
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0],
+                      [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]])
+    n = 4000
+    counts = torch.zeros_like(w)
+    for _ in range(n):
+        for r, i in enumerate(draw_rows(w, g, block=4)):
+            counts[r, i] += 1
+    p = w / w.sum(-1, keepdim=True)
+    assert (counts[p == 0] == 0).all()
+    assert ((counts / n - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-9).all()
 
 
 REWARD_FILE = ("def short_vowels(completions, answer, **kwargs):\n"
