@@ -89,7 +89,8 @@ def test_python_without_vllm_is_refused(tmp_path):
         vllm.check_has_vllm(str(fake))
 
 
-def test_command_line_for_two_adapters(tmp_path, tokenizer):
+def test_command_line_for_two_adapters(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     adapters = [vllm.VllmAdapter("a", "/runs/a", 8, "hermes"), vllm.VllmAdapter("b", "/runs/b", 24, None)]
     launch = vllm.build_launch("/py", "/models/base", "base", adapters, tokenizer, host="0.0.0.0", port=9000,
                                api_key="sekrit", dtype="fp32", max_batch=4)
@@ -106,7 +107,8 @@ def test_command_line_for_two_adapters(tmp_path, tokenizer):
     i = argv.index("--lora-modules")
     assert argv[i + 1:i + 3] == ["a=/runs/a", "b=/runs/b"] and "--enable-lora" in argv
     assert after("--tool-call-parser") == "hermes" and "--enable-auto-tool-choice" in argv
-    assert "sekrit" not in " ".join(argv) and launch.env == {"VLLM_API_KEY": "sekrit"}
+    assert "sekrit" not in " ".join(argv) and launch.env == {"VLLM_API_KEY": "sekrit",
+                                                                "VLLM_CPU_KVCACHE_SPACE": "2"}
     # SmolLM2 splits <think> into several tokens: no reasoning parser, said in one line
     assert "--reasoning-parser" not in argv and any(n.startswith("reasoning: ") for n in launch.notes)
     assert "<roctune's chat template>" in vllm.shown(argv) and "{%" not in vllm.shown(argv)

@@ -103,6 +103,7 @@ def run(args) -> int:
 
 def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
     """vLLM's server in a child process, after every check; its exit status is ours."""
+    import signal
     import subprocess
 
     from roctune.serve import bind_socket
@@ -119,11 +120,17 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
         print(f"roctune serve: {note}", file=sys.stderr)
     print(f"roctune serve: starting vLLM: {shown(launch.argv)}", flush=True)
     proc = subprocess.Popen(launch.argv, env={**os.environ, **launch.env})
+    # vLLM stops with us: a SIGTERM (a service manager, a test) is passed on, and Ctrl-C (KeyboardInterrupt)
+    # too, for a SIGINT sent to roctune alone; vLLM then stops its engine processes itself.
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
         return proc.wait()
-    except KeyboardInterrupt:  # the terminal's Ctrl-C reached vLLM too; let it shut down
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
         try:
             return proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

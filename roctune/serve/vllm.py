@@ -45,6 +45,10 @@ TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json"}  # roctune too
 REASONING_PARSER = "deepseek_r1"  # <think>...</think> at the answer's start; no </think>: all content, as roctune
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --dtype auto: roctune's choice
 MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
+# vLLM's CPU build reserves 92% of the machine's memory by default (--gpu-memory-utilization) and refuses to start
+# when other processes hold more; a fixed KV cache (GiB, VLLM_CPU_KVCACHE_SPACE, which the GPU build ignores)
+# starts on a shared machine and holds ~45k tokens of a 135M model in fp32. A value set by the user is kept.
+CPU_KV_CACHE_GIB = "2"
 # PEFT inits that only set the starting weights (vLLM loads them as plain LoRA); others rewrite the base.
 PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 
@@ -281,6 +285,8 @@ def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmA
     if template is not None:
         argv += ["--chat-template", template]
     env = {"VLLM_API_KEY": api_key} if api_key else {}
+    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
     return VllmLaunch(argv, env, notes)
 
 
