@@ -12,7 +12,6 @@ tried again each in a batch of its own, so only the one that fails alone gets th
 import copy
 import inspect
 import logging
-import os
 import queue
 import threading
 import time
