@@ -161,3 +161,11 @@ def test_chat_template_for_vllm_renders_what_roctune_renders(tokenizer, case):
     plain = tokenizer.apply_chat_template(theirs_messages, tokenize=False, add_generation_prompt=True,
                                           **({"tools": tools} if tools else {}))
     assert plain != ours  # the model's own template alone would not render what roctune trained on
+
+
+def test_deploy_md_gives_vllm_a_rank_it_accepts(tmp_path):
+    from roctune.export.deploy import deploy_md
+
+    text = deploy_md(str(tmp_path), "roc.gguf", "roc", "/runs/roc", "/models/base", 24, full_model=False)
+    assert "roctune serve --engine vllm --model /models/base --adapter roc=/runs/roc" in text
+    assert "--max-lora-rank 32" in text and "--max-lora-rank 24" not in text  # 24 is not one of vLLM's ranks

