@@ -169,3 +169,25 @@ def test_deploy_md_gives_vllm_a_rank_it_accepts(tmp_path):
     text = deploy_md(str(tmp_path), "roc.gguf", "roc", "/runs/roc", "/models/base", 24, full_model=False)
     assert "roctune serve --engine vllm --model /models/base --adapter roc=/runs/roc" in text
     assert "--max-lora-rank 32" in text and "--max-lora-rank 24" not in text  # 24 is not one of vLLM's ranks
+
+
+def _serve(capsys, *args) -> tuple[int, list[str]]:
+    from roctune.cli import main
+
+    rc = main(["serve", "--engine", "vllm", "--port", "0", *args])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+def test_cli_refuses_before_starting_anything(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ROCTUNE_API_KEY", raising=False)
+    rc, err = _serve(capsys, "--host", "0.0.0.0")
+    assert rc != 0 and len(err) == 1 and "--host 0.0.0.0" in err[0] and "--api-key" in err[0]
+    dora = _adapter(tmp_path / "dora", use_dora=True)
+    rc, err = _serve(capsys, "--adapter", f"styled={dora}", "--vllm-python", sys.executable)
+    assert rc != 0 and err == [f"roctune serve: error: --adapter styled: it is a DoRA adapter (use_dora), which vLLM "
+                               f"cannot load; {vllm.MERGE_FIX}"]
+    rc, err = _serve(capsys, "--vllm-python", str(tmp_path / "none"))
+    assert rc != 0 and len(err) == 1 and "not an executable file; run `make vllm`" in err[0]
+    rc, err = _serve(capsys, "--adapter-root", str(tmp_path))
+    assert rc != 0 and err == ["roctune serve: error: --adapter-root works with --engine roctune only; drop it for "
+                               "vLLM"]

@@ -103,7 +103,6 @@ def run(args) -> int:
 
 def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
     """vLLM's server in a child process, after every check; its exit status is ours."""
-    import signal
     import subprocess
 
     from roctune.serve import bind_socket
@@ -120,17 +119,15 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
         print(f"roctune serve: {note}", file=sys.stderr)
     print(f"roctune serve: starting vLLM: {shown(launch.argv)}", flush=True)
     proc = subprocess.Popen(launch.argv, env={**os.environ, **launch.env})
-    # vLLM stops with us: a SIGTERM (a service manager, a test) is passed on, and Ctrl-C (KeyboardInterrupt)
-    # too, for a SIGINT sent to roctune alone; vLLM then stops its engine processes itself.
-    previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    # vLLM stops with us: a SIGTERM or SIGINT sent to roctune alone arrives as KeyboardInterrupt
+    # (roctune.interrupts) and is passed on as SIGTERM, on which vLLM stops its engine processes itself.
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+        proc.terminate()
         try:
-            return proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return proc.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            proc.wait()
+        raise
