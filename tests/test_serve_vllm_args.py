@@ -191,3 +191,13 @@ def test_cli_refuses_before_starting_anything(tmp_path, capsys, monkeypatch):
     rc, err = _serve(capsys, "--adapter-root", str(tmp_path))
     assert rc != 0 and err == ["roctune serve: error: --adapter-root works with --engine roctune only; drop it for "
                                "vLLM"]
+
+
+def test_reasoning_parser_only_where_it_splits_as_roctune_does(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    assert vllm.reasoning_parser(tok)[0] is None  # SmolLM2: <think> is several tokens
+    tok.add_tokens(["<think>", "</think>"])
+    parser, note = vllm.reasoning_parser(tok)
+    assert parser is None and "without </think> as all reasoning" in note  # the answer is not opened inside <think>
+    tok.chat_template = tok.chat_template.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+    assert vllm.reasoning_parser(tok) == ("deepseek_r1", None)

