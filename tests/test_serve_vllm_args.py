@@ -116,7 +116,10 @@ def test_command_line_for_two_adapters(tmp_path, tokenizer, monkeypatch):
 
 def test_no_adapters_no_lora_flags(tokenizer):
     argv = vllm.build_launch("/py", "/m", "m", [], tokenizer, host="127.0.0.1", port=1, api_key=None).argv
-    assert "--enable-lora" not in argv and "--lora-modules" not in argv
+    assert "--enable-lora" not in argv and "--lora-modules" not in argv and "--trust-remote-code" not in argv
+    argv = vllm.build_launch("/py", "/m", "m", [], tokenizer, host="127.0.0.1", port=1, api_key=None,
+                             trust_remote_code=True).argv
+    assert "--trust-remote-code" in argv
 
 
 def test_adapters_with_different_tool_formats_are_refused():

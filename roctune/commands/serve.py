@@ -113,7 +113,8 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
             raise ConfigError(f"--{dest.replace('_', '-')} works with --engine roctune only; drop it for vLLM")
     python = find_vllm_python(args.vllm_python)
     launch = prepare(args.model, adapters, python=python, host=args.host, port=args.port, api_key=api_key,
-                     device=args.device, dtype=args.dtype, max_batch=args.max_batch)
+                     device=args.device, dtype=args.dtype, max_batch=args.max_batch,
+                     trust_remote_code=args.trust_remote_code)
     bind_socket(args.host, args.port).close()  # a busy port fails here, in one line, not deep in vLLM's log
     for note in launch.notes:
         print(f"roctune serve: {note}", file=sys.stderr)

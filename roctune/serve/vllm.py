@@ -267,13 +267,16 @@ def tool_parser(adapters: list[VllmAdapter], detected: str | None) -> str | None
 
 
 def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmAdapter], tokenizer, *, host: str,
-                 port: int, api_key: str | None, dtype: str = "fp32", max_batch: int = 8) -> VllmLaunch:
+                 port: int, api_key: str | None, dtype: str = "fp32", max_batch: int = 8,
+                 trust_remote_code: bool = False) -> VllmLaunch:
     """vLLM's OpenAI server on `base_path` with the checked adapters, served under roctune's names."""
     from roctune.data.render import detect_tool_format
 
     argv = [python, "-m", SERVER_MODULE, "--model", base_path, "--served-model-name", base_id, "--host", host,
             "--port", str(port), "--dtype", VLLM_DTYPES[dtype], "--max-num-seqs", str(max_batch),
             "--generation-config", "vllm"]  # request defaults as roctune's, not the model's generation_config
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
     notes = []
     if adapters:
         argv += ["--enable-lora", "--max-loras", str(len(adapters)),
@@ -307,7 +310,8 @@ def shown(argv: list[str]) -> str:
 
 
 def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, host: str, port: int,
-            api_key: str | None, device: str = "auto", dtype: str = "auto", max_batch: int = 8) -> VllmLaunch:
+            api_key: str | None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
+            trust_remote_code: bool = False) -> VllmLaunch:
     """Every check, then the launch: the base resolved, each adapter checked, vLLM's presence checked. --dtype
     auto is roctune's engine's choice for the device (fp32 on the CPU), so both engines compute alike."""
     from roctune.hardware import choose_device, choose_dtype
@@ -318,8 +322,8 @@ def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, hos
     base_id = base_model_id(model)
     adapters = [check_adapter(name, path, base_path, base_id) for name, path in specs]
     check_has_vllm(python)
-    tokenizer = load_tokenizer(base_path)
+    tokenizer = load_tokenizer(base_path, trust_remote_code)
     if dtype == "auto":
         dtype = choose_dtype("auto", choose_device(device).value).value
     return build_launch(python, base_path, base_id, adapters, tokenizer, host=host, port=port, api_key=api_key,
-                        dtype=dtype, max_batch=max_batch)
+                        dtype=dtype, max_batch=max_batch, trust_remote_code=trust_remote_code)
