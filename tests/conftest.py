@@ -76,6 +76,23 @@ def identity_run(tmp_path_factory, default_model_dir):
     return out, summary
 
 
+@pytest.fixture(scope="session")
+def agent_run(tmp_path_factory, default_model_dir) -> str:
+    """The bundled model taught tool calls and reasoning (tests/agent_data.py, 12 steps): the run directory. Shared
+    by the serve tests of both engines (tests/test_serve_agents.py, tests/test_serve_vllm.py)."""
+    from agent_data import rows
+    from roctune.config import TrainConfig
+    from roctune.recipes import train
+
+    root = tmp_path_factory.mktemp("agent")
+    data = write_jsonl(root / "agent.jsonl", rows())
+    cfg = TrainConfig(data=[data], output=str(root / "agent"), max_steps=12, lr=3e-3, batch_size=2, grad_accum=1,
+                      lora_r=16, lora_alpha=32, lora_dropout=0.0, max_length=320, device="cpu", seed=1)
+    cfg.validate()
+    train(cfg, log=lambda s: None, progress=False)
+    return str(root / "agent")
+
+
 def run_train(cfg):
     """Train quietly; returns (summary, logged lines)."""
     from roctune.recipes import train

@@ -85,7 +85,8 @@ def test_modelfile_and_deploy_recipe(exports, identity_run):
     assert 'SYSTEM """You are a helpful AI assistant named SmolLM' in text  # the template's default, as trained
     deploy = open(os.path.join(folder, "DEPLOY.md"), encoding="utf-8").read()
     for line in ("llama-server -m", "ollama create roc -f Modelfile", "vllm serve", "--enable-lora",
-                 f"--lora-modules roc={run}", "sglang.launch_server", "--max-lora-rank 16"):
+                 f"--lora-modules roc={run}", "sglang.launch_server", "--max-lora-rank 16",
+                 f"roctune serve --engine vllm --model "):
         assert line in deploy, line
 
 

@@ -5,34 +5,24 @@ as reasoning_content, and a json_schema answer validates."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from agent_data import TEMPS, WEATHER_TOOL, rows
-from conftest import write_jsonl
+from agent_data import TEMPS, WEATHER_TOOL, streamed_message
 
 KEY = "agent-key"
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def agent_server(tmp_path_factory, default_model_dir):
+def agent_server(agent_run):
     import torch
 
-    from roctune.config import TrainConfig
-    from roctune.recipes import train
     from roctune.serve import ServerThread, Settings, build_engine, create_app
 
-    root = tmp_path_factory.mktemp("agent")
-    data = write_jsonl(root / "agent.jsonl", rows())
-    cfg = TrainConfig(data=[data], output=str(root / "agent"), max_steps=12, lr=3e-3, batch_size=2, grad_accum=1,
-                      lora_r=16, lora_alpha=32, lora_dropout=0.0, max_length=320, device="cpu", seed=1)
-    cfg.validate()
-    train(cfg, log=lambda s: None, progress=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    engine = build_engine(None, [("agent", os.path.join(root, "agent"))], device="cpu")
+    engine = build_engine(None, [("agent", agent_run)], device="cpu")
     engine.start()
     try:
         with ServerThread(create_app(engine, Settings(api_key=KEY, max_tokens_limit=64))) as url:
@@ -49,29 +39,6 @@ def client(agent_server):
     return OpenAI(base_url=agent_server[0] + "/v1", api_key=KEY, max_retries=0, timeout=600)
 
 
-def _streamed_message(stream) -> tuple[dict, str]:
-    """The assistant message assembled from a stream as an OpenAI client library does, and the finish reason."""
-    content, reasoning, calls, reason = "", "", {}, None
-    for chunk in stream:
-        for c in chunk.choices:
-            d = c.delta
-            content += d.content or ""
-            reasoning += getattr(d, "reasoning_content", None) or ""
-            for t in d.tool_calls or []:
-                if t.id:  # a call starts with its index, id and name
-                    assert t.index not in calls and t.function.name
-                    calls[t.index] = {"id": t.id, "type": "function",
-                                      "function": {"name": t.function.name, "arguments": ""}}
-                calls[t.index]["function"]["arguments"] += t.function.arguments or ""
-            reason = c.finish_reason or reason
-    message = {"role": "assistant", "content": content or None}
-    if calls:
-        message["tool_calls"] = [calls[k] for k in sorted(calls)]
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    return message, reason
-
-
 def test_agent_run_dir_records_its_tool_format(agent_server):
     from roctune import rundir
 
@@ -85,7 +52,7 @@ def test_tool_call_round_trip(client, stream):
     msgs = [{"role": "user", "content": f"What is the weather in {city}?"}]
     kw = {"model": "agent", "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 48}
     if stream:
-        message, reason = _streamed_message(client.chat.completions.create(messages=msgs, stream=True, **kw))
+        message, reason = streamed_message(client.chat.completions.create(messages=msgs, stream=True, **kw))
     else:
         r = client.chat.completions.create(messages=msgs, **kw)
         message, reason = r.choices[0].message.model_dump(exclude_none=True), r.choices[0].finish_reason
@@ -95,7 +62,7 @@ def test_tool_call_round_trip(client, stream):
     assert json.loads(call["function"]["arguments"]) == {"city": city}
     msgs += [message, {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp_c": TEMPS[city]})}]
     if stream:
-        final, reason = _streamed_message(client.chat.completions.create(messages=msgs, stream=True, **kw))
+        final, reason = streamed_message(client.chat.completions.create(messages=msgs, stream=True, **kw))
     else:
         r = client.chat.completions.create(messages=msgs, **kw)
         final, reason = r.choices[0].message.model_dump(exclude_none=True), r.choices[0].finish_reason
@@ -109,7 +76,7 @@ def test_reasoning_content_whole_and_streamed(client):
     message = r.choices[0].message.model_dump(exclude_none=True)
     assert "9" in message["reasoning_content"] and "<think>" not in message["reasoning_content"]
     assert "think>" not in (message["content"] or "")
-    streamed, reason = _streamed_message(client.chat.completions.create(model="agent", messages=msgs, temperature=0,
+    streamed, reason = streamed_message(client.chat.completions.create(model="agent", messages=msgs, temperature=0,
                                                                         max_tokens=40, stream=True))
     assert streamed["reasoning_content"] == message["reasoning_content"]
     assert (streamed["content"] or "") == (message["content"] or "") and reason == r.choices[0].finish_reason

@@ -1,7 +1,11 @@
 """`roctune serve`: an OpenAI-compatible API (chat/completions, completions, models) for a base model and
 its LoRA adapters, with concurrent requests batched together. Binds to 127.0.0.1 unless --host says otherwise;
 any other address needs an API key, or --allow-no-key to serve it open on purpose. The API key comes from
---api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it."""
+--api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it.
+
+--engine vllm hands the same base and adapters, host, port and key rules to vLLM's OpenAI server instead (for
+more traffic than one roctune process serves; `make vllm` installs its CPU build). Every adapter is checked
+before vLLM starts (roctune.serve.vllm)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,10 @@ import sys
 
 from roctune.config import check_number
 from roctune.errors import ConfigError
+
+
+# roctune's own engine's settings, which vLLM has no counterpart for: set with --engine vllm, they are refused.
+ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max_body_bytes", "threads")
 
 
 def register(sub) -> None:
@@ -37,7 +45,12 @@ def register(sub) -> None:
                    help="CPU threads for the model (default: torch's choice; 1 is often faster on a busy CPU)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info")
-    p.set_defaults(func=run)
+    p.add_argument("--engine", choices=["roctune", "vllm"], default="roctune",
+                   help="roctune (default), or vllm: start vLLM's OpenAI server on the same base and adapters")
+    p.add_argument("--vllm-python", metavar="PATH",
+                   help="with --engine vllm: the python that has vLLM (default: $ROCTUNE_VLLM_PYTHON, else the "
+                   "repository's .venv-vllm from `make vllm`)")
+    p.set_defaults(func=run, engine_only_defaults={d: p.get_default(d) for d in ROCTUNE_ENGINE_ONLY})
 
 
 def run(args) -> int:
@@ -58,6 +71,8 @@ def run(args) -> int:
     api_key = args.api_key or os.environ.get("ROCTUNE_API_KEY") or None
     check_host(args.host, api_key, args.allow_no_key)
     adapters = parse_adapter_specs(args.adapter)
+    if args.engine == "vllm":
+        return run_vllm(args, adapters, api_key)
     sock = bind_socket(args.host, args.port)  # fail fast on a busy port, before loading the model
     if not is_loopback(args.host) and not api_key:
         print(f"roctune serve: warning: listening on {args.host} without an API key (--allow-no-key); anyone who "
@@ -84,3 +99,36 @@ def run(args) -> int:
         engine.stop()
         sock.close()
     return 0
+
+
+def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
+    """vLLM's server in a child process, after every check; its exit status is ours."""
+    import subprocess
+
+    from roctune.serve import bind_socket
+    from roctune.serve.vllm import find_vllm_python, prepare, shown
+
+    for dest, default in args.engine_only_defaults.items():
+        if getattr(args, dest) != default:
+            raise ConfigError(f"--{dest.replace('_', '-')} works with --engine roctune only; drop it for vLLM")
+    python = find_vllm_python(args.vllm_python)
+    launch = prepare(args.model, adapters, python=python, host=args.host, port=args.port, api_key=api_key,
+                     device=args.device, dtype=args.dtype, max_batch=args.max_batch,
+                     trust_remote_code=args.trust_remote_code)
+    bind_socket(args.host, args.port).close()  # a busy port fails here, in one line, not deep in vLLM's log
+    for note in launch.notes:
+        print(f"roctune serve: {note}", file=sys.stderr)
+    print(f"roctune serve: starting vLLM: {shown(launch.argv)}", flush=True)
+    proc = subprocess.Popen(launch.argv, env={**os.environ, **launch.env})
+    # vLLM stops with us: a SIGTERM or SIGINT sent to roctune alone arrives as KeyboardInterrupt
+    # (roctune.interrupts) and is passed on as SIGTERM, on which vLLM stops its engine processes itself.
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise

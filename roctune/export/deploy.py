@@ -12,6 +12,15 @@ import os
 
 from roctune.errors import ConfigError
 
+# vLLM 0.32's --max-lora-rank choices (vllm/config/lora.py, MaxLoRARanks); `roctune serve --engine vllm` uses them.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int | None:
+    """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value holding it; None above 512."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
 MARK = {"system": "SYSTEMMARKQ", "user": "USERMARKQ", "assistant": "ANSWERMARKQ", "user2": "USERTWOMARKQ"}
 
 
@@ -134,7 +143,8 @@ def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank:
               full_model: bool) -> str:
     gguf_path = os.path.join(os.path.abspath(output), gguf_name)
     run = os.path.abspath(run)
-    lora = f"--max-lora-rank {max(8, rank)}" if rank else ""
+    vllm_rank = vllm_lora_rank(rank) if rank else None
+    lora = f"--max-lora-rank {vllm_rank}" if vllm_rank else ""
     parts = [f"# Deploying {name}\n", "Written by `roctune export`; the GGUF was read back and compared with the merged "
              "model (see roctune_export.json).\n",
              "## llama.cpp\n", f"```\nllama-server -m {gguf_path} --jinja --port 8080\n```",
@@ -146,6 +156,10 @@ def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank:
                   f"```\npython -m sglang.launch_server --model-path {run}\n```\n"]
     else:
         parts += ["## vLLM (the unmerged adapter; a GPU, or vLLM's CPU build)\n",
+                  f"```\nroctune serve --engine vllm --model {base} --adapter {name}={run}\n```",
+                  "roctune checks that vLLM can load the adapter, then starts vLLM's OpenAI server with it, the "
+                  "chat template the run was trained with (tool calls included) and the matching tool-call parser. "
+                  "`make vllm` installs vLLM's CPU build in the repository. vLLM by hand:\n",
                   f"```\nvllm serve {base} --enable-lora --lora-modules {name}={run} {lora}\n```",
                   f"Ask for model `{name}` in the OpenAI API.\n", "## SGLang (the unmerged adapter, on a GPU)\n",
                   f"```\npython -m sglang.launch_server --model-path {base} --enable-lora "

@@ -17,6 +17,7 @@ The package, by responsibility:
   GRPO's rollouts);
 - engine.py: Engine, the continuous-batching worker, and build_engine;
 - completions.py and app.py: the FastAPI routes (create_app);
+- vllm.py: `--engine vllm`, the hand-off to vLLM's server: adapter checks, its command line and chat template;
 - server.py: check_host (no open non-loopback server by accident), bind_socket, uvicorn_config and ServerThread
   (uvicorn in a thread).
 

@@ -51,6 +51,16 @@ def adapter_dir_under(root: str, relative) -> str:
     return real
 
 
+def base_model_id(model: str | None) -> str:
+    """The name the base model is served under (both engines): the bundled model's name, a folder's name, or
+    the hub id as given."""
+    from roctune.models import DEFAULT_MODEL
+
+    if model is None:
+        return DEFAULT_MODEL
+    return os.path.basename(os.path.normpath(model)) if os.path.isdir(os.path.expanduser(model)) else model
+
+
 def parse_adapter_specs(specs: list[str]) -> list[tuple[str, str]]:
     """[(name, absolute folder)] from --adapter NAME=DIR flags; raises ConfigError naming the bad one."""
     out = []

