@@ -101,7 +101,7 @@ class VllmRollouts:
     """A vLLM server for one run: started by `start`, asked by `sample`, stopped by `close`."""
 
     def __init__(self, argv: list[str], work: str):
-        self.work, self.key, self.step_name = work, secrets.token_urlsafe(24), None
+        self.work, self.key, self.step_name, self.loads = work, secrets.token_urlsafe(24), None, 0
         self.url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
         env = dict(os.environ, VLLM_API_KEY=self.key, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
@@ -116,6 +116,15 @@ class VllmRollouts:
                 return " | ".join(x.strip() for x in f.read().splitlines()[-lines:])
         except OSError:
             return ""
+
+    def _last_error(self) -> str:
+        """The server log's last line naming an error (vLLM's 500 answers only point at its log)."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                found = [x.strip() for x in f if "Error:" in x]
+        except OSError:
+            return ""
+        return found[-1][-300:] if found else "no error line in its log"
 
     def wait_ready(self) -> None:
         """Block until /health answers; EnvironmentProblem with the server's last lines if it exits or hangs."""
@@ -141,7 +150,8 @@ class VllmRollouts:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
                 text = r.read().decode()
         except urllib.error.HTTPError as e:
-            raise EnvironmentProblem(f"vLLM refused {path} ({e.code}): {e.read().decode(errors='replace')[:500]}") from None
+            why = e.read().decode(errors="replace")[:500] + (f" ({self._last_error()})" if e.code >= 500 else "")
+            raise EnvironmentProblem(f"vLLM refused {path} ({e.code}): {why}") from None
         except (urllib.error.URLError, OSError) as e:
             raise EnvironmentProblem(f"vLLM did not answer {path} ({e}): {self._log_tail()}") from None
         return json.loads(text) if text.startswith(("{", "[")) else {}
@@ -159,8 +169,10 @@ class VllmRollouts:
 
     # ---- rollouts
     def load_adapter(self, model, step: int) -> str:
-        """Save the trained adapter and load it into vLLM under a name of its own; unload the previous one."""
-        name = f"policy-{step}"
+        """Save the trained adapter and load it into vLLM under a name of its own (vLLM refuses a name it has
+        loaded before); unload the previous one."""
+        self.loads += 1
+        name = f"policy-{self.loads}-step{step + 1}"
         path = os.path.join(self.work, name)
         model.save_pretrained(path)
         self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
@@ -187,8 +199,9 @@ class VllmRollouts:
 
 
 def completion_ids(choice: dict, stop_ids: set) -> list[int]:
-    """A choice's token ids, ending with its stop token when it stopped at one (vLLM leaves a stop_token_ids
-    match out of token_ids; roctune keeps it, and the loss learns to stop from it)."""
+    """A choice's token ids, ending with its stop token when it stopped at one, as roctune's rollouts do (the loss
+    learns to stop from it). vLLM 0.32 keeps the token in token_ids (its detokenizer drops it from the text only);
+    it is added where a version leaves it out."""
     ids = list(choice["token_ids"])
     reason = choice.get("stop_reason")
     if choice.get("finish_reason") == "stop" and isinstance(reason, int) and reason in stop_ids and \
