@@ -94,6 +94,10 @@ def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[
         argv.append("--trust-remote-code")
     if setup.device != "cpu":
         argv += ["--gpu-memory-utilization", GPU_MEMORY_FRACTION]
+    else:
+        # a prompt prefilled in chunks makes vLLM rewind its seeded generator, which its CPU build cannot do
+        # ("CPU Generator does not use offset", v1/worker/gpu_model_runner.py): prompts are prefilled whole
+        argv.append("--no-enable-chunked-prefill")
     return argv
 
 
@@ -118,10 +122,11 @@ class VllmRollouts:
             return ""
 
     def _last_error(self) -> str:
-        """The server log's last line naming an error (vLLM's 500 answers only point at its log)."""
+        """The server log's last line naming an error, the cause rather than the dead engine's notice (vLLM's 500
+        answers only point at its log)."""
         try:
             with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                found = [x.strip() for x in f if "Error:" in x]
+                found = [x.strip() for x in f if "Error:" in x and "EngineDeadError" not in x]
         except OSError:
             return ""
         return found[-1][-300:] if found else "no error line in its log"
