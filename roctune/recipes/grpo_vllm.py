@@ -133,6 +133,8 @@ class VllmRollouts:
 
     def wait_ready(self) -> None:
         """Block until /health answers; EnvironmentProblem with the server's last lines if it exits or hangs."""
+        if self.ready:
+            return
         start = time.monotonic()
         while not self.ready:
             if self.proc.poll() is not None:
