@@ -139,6 +139,10 @@ def test_vllm_greedy_completions_equal_roctunes(vllm_server, vllm_model_dir):
     greedy = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8}
     theirs = vllm_server.sample(model, prompts, 1, greedy, 11, 0, eos)
     assert theirs == ours
+    hot = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8}
+    once, again, other = (vllm_server.sample(model, prompts, 3, hot, seed, 1, eos) for seed in (5, 5, 6))
+    assert once == again != other  # seeded per step: a resumed run samples what the uninterrupted one did
+    assert len(once) == 9 and len({tuple(c) for c in once[:3]}) == 3  # a group's samples differ
     assert os.path.isfile(os.path.join(vllm_server.work, vllm_server.step_name, "adapter_config.json"))
 
 
