@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from roctune.errors import ConfigError
+from roctune.hardware.vllm import VLLM_ARGS_ENV, VLLM_PYTHON_ENV
 from roctune.recipes import grpo_vllm as gv
 
 
@@ -42,7 +43,7 @@ def test_plain_lora_with_vllm_rollouts_is_accepted(tmp_path):
 def test_a_missing_vllm_python_stops_the_run_before_the_model_loads(tmp_path, monkeypatch):
     from roctune.recipes import prepare
 
-    monkeypatch.setenv(gv.VLLM_PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
     cfg = _cfg(tmp_path).validate()  # "unused-model" would fail to resolve if the check came later
     with pytest.raises(ConfigError, match="make vllm.*ROCTUNE_VLLM_PYTHON"):
         prepare(cfg)
@@ -50,7 +51,7 @@ def test_a_missing_vllm_python_stops_the_run_before_the_model_loads(tmp_path, mo
     plain = tmp_path / "not-executable"
     plain.write_text("")
     with pytest.raises(ConfigError, match="not an executable file"):
-        gv.find_python({gv.VLLM_PYTHON_ENV: str(plain)})
+        gv.find_python({VLLM_PYTHON_ENV: str(plain)})
 
 
 def test_lora_rank_rounds_up_to_what_vllm_accepts():
@@ -59,7 +60,8 @@ def test_lora_rank_rounds_up_to_what_vllm_accepts():
         gv.max_lora_rank(513)
 
 
-def test_server_command_keeps_the_key_off_the_command_line(tmp_path):
+def test_server_command_keeps_the_key_off_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCTUNE_VLLM_ARGS", "--enforce-eager")
     cfg = _cfg(tmp_path, lora_r=24, max_length=100, max_completion_length=20)
     argv = gv.server_command("/py", "/models/m", cfg, SimpleNamespace(dtype="fp32", device="cpu"), 8123)
     assert argv[:3] == ["/py", "-m", gv.SERVER_MODULE]
@@ -69,6 +71,11 @@ def test_server_command_keeps_the_key_off_the_command_line(tmp_path):
         assert part in text
     assert "key" not in text and "--gpu-memory-utilization" not in text
     assert "--no-enable-chunked-prefill" in argv  # vLLM's CPU build fails on seeded requests prefilled in chunks
+    assert argv[-1] == "--enforce-eager"  # $ROCTUNE_VLLM_ARGS
+    monkeypatch.setenv("ROCTUNE_VLLM_ARGS", "--port 1")
+    with pytest.raises(ConfigError, match="ROCTUNE_VLLM_ARGS: --port is set by roctune"):
+        gv.find_python()  # checked with the python, before the model loads
+    monkeypatch.delenv("ROCTUNE_VLLM_ARGS")
     gpu = gv.server_command("/py", "/m", cfg, SimpleNamespace(dtype="bf16", device="cuda"), 1)
     assert "--gpu-memory-utilization" in gpu and "bfloat16" in gpu and "--no-enable-chunked-prefill" not in gpu
 
@@ -112,7 +119,9 @@ def vllm_server(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm-run")
     cfg = SimpleNamespace(output=str(out), seed=3, lora_r=8, max_length=256, max_completion_length=8,
                           trust_remote_code=False)
-    server = gv.start(cfg, vllm_model_dir, SimpleNamespace(dtype="fp32", device="cpu"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(VLLM_ARGS_ENV, "--enforce-eager")  # no torch.compile at start: 40 s less on this CPU
+        server = gv.start(cfg, vllm_model_dir, SimpleNamespace(dtype="fp32", device="cpu"))
     try:
         server.wait_ready()
         yield server

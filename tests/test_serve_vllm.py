@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def _vllm_python() -> str:
-    from roctune.serve.vllm import find_vllm_python
+    from roctune.hardware.vllm import find_vllm_python
 
     try:
         return find_vllm_python(None)
@@ -58,7 +58,8 @@ def vllm_url(agent_run, tmp_path_factory):
     python = _vllm_python()
     port = _free_port()
     log_path = str(tmp_path_factory.mktemp("vllm") / "vllm.log")
-    env = {**os.environ, "ROCTUNE_VLLM_PYTHON": python, "ROCTUNE_API_KEY": KEY}
+    # --enforce-eager: no torch.compile at start (40 s less on this CPU; the answers are compared under greedy)
+    env = {**os.environ, "ROCTUNE_VLLM_PYTHON": python, "ROCTUNE_API_KEY": KEY, "ROCTUNE_VLLM_ARGS": "--enforce-eager"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "roctune", "serve", "--engine", "vllm", "--adapter",
                                  f"agent={agent_run}", "--port", str(port), "--max-batch", "4"],

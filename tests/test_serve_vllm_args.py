@@ -13,6 +13,7 @@ import pytest
 
 from agent_data import WEATHER_TOOL
 from roctune.errors import ConfigError
+from roctune.hardware.vllm import VLLM_LORA_RANKS
 from roctune.serve import vllm
 
 
@@ -62,7 +63,7 @@ def test_plain_adapter_passes_with_its_largest_rank(tmp_path, default_model_dir)
 
 @pytest.mark.parametrize("ranks, limit", [([1], 1), ([2], 8), ([8, 16], 16), ([17], 32), ([300], 320), ([512], 512)])
 def test_max_lora_rank_is_the_smallest_allowed_value_holding_all(ranks, limit):
-    assert vllm.max_lora_rank(ranks) == limit and limit in vllm.VLLM_LORA_RANKS
+    assert vllm.max_lora_rank(ranks) == limit and limit in VLLM_LORA_RANKS
 
 
 def test_adapter_of_another_base_is_refused(tmp_path, default_model_dir, tiny_model_dir):
@@ -72,13 +73,15 @@ def test_adapter_of_another_base_is_refused(tmp_path, default_model_dir, tiny_mo
 
 
 def test_vllm_python_missing_says_make_vllm(tmp_path, monkeypatch):
-    monkeypatch.setattr(vllm, "repo_venv_python", lambda: str(tmp_path / "none" / "python"))
+    from roctune.hardware import vllm as where
+
+    monkeypatch.setattr(where, "repo_venv_python", lambda: str(tmp_path / "none" / "python"))
     with pytest.raises(ConfigError, match=r"vLLM is not installed here .*make vllm.*--vllm-python PATH or "
                                           r"\$ROCTUNE_VLLM_PYTHON"):
-        vllm.find_vllm_python(None, environ={})
+        where.find_vllm_python(None, environ={})
     with pytest.raises(ConfigError, match=r"^\$ROCTUNE_VLLM_PYTHON /nope: not an executable file; run `make vllm`"):
-        vllm.find_vllm_python(None, environ={"ROCTUNE_VLLM_PYTHON": "/nope"})
-    assert vllm.find_vllm_python(sys.executable, environ={"ROCTUNE_VLLM_PYTHON": "/nope"}) == sys.executable
+        where.find_vllm_python(None, environ={"ROCTUNE_VLLM_PYTHON": "/nope"})
+    assert where.find_vllm_python(sys.executable, environ={"ROCTUNE_VLLM_PYTHON": "/nope"}) == sys.executable
 
 
 def test_python_without_vllm_is_refused(tmp_path):
@@ -91,6 +94,7 @@ def test_python_without_vllm_is_refused(tmp_path):
 
 def test_command_line_for_two_adapters(tmp_path, tokenizer, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("ROCTUNE_VLLM_ARGS", "--enforce-eager --max-model-len=2048")
     adapters = [vllm.VllmAdapter("a", "/runs/a", 8, "hermes"), vllm.VllmAdapter("b", "/runs/b", 24, None)]
     launch = vllm.build_launch("/py", "/models/base", "base", adapters, tokenizer, host="0.0.0.0", port=9000,
                                api_key="sekrit", dtype="fp32", max_batch=4)
@@ -112,6 +116,17 @@ def test_command_line_for_two_adapters(tmp_path, tokenizer, monkeypatch):
     # SmolLM2 splits <think> into several tokens: no reasoning parser, said in one line
     assert "--reasoning-parser" not in argv and any(n.startswith("reasoning: ") for n in launch.notes)
     assert "<roctune's chat template>" in vllm.shown(argv) and "{%" not in vllm.shown(argv)
+    assert argv[-2:] == ["--enforce-eager", "--max-model-len=2048"]  # $ROCTUNE_VLLM_ARGS, last
+
+
+@pytest.mark.parametrize("words", ["--host 0.0.0.0", "--api-key=x", "--trust-remote-code", "--lora-modules a=/b",
+                                   "'--enforce-eager"])
+def test_extra_vllm_args_cannot_take_what_roctune_sets(tokenizer, monkeypatch, words):
+    """$ROCTUNE_VLLM_ARGS adds flags; one that would undo roctune's host/key rules, names or trust_remote_code
+    (or text no shell could split) is refused in one line naming the variable, before vLLM starts."""
+    monkeypatch.setenv("ROCTUNE_VLLM_ARGS", words)
+    with pytest.raises(ConfigError, match=r"^\$ROCTUNE_VLLM_ARGS: "):
+        vllm.build_launch("/py", "/m", "m", [], tokenizer, host="127.0.0.1", port=1, api_key=None)
 
 
 def test_no_adapters_no_lora_flags(tokenizer):

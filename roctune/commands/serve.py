@@ -106,7 +106,8 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
     import subprocess
 
     from roctune.serve import bind_socket
-    from roctune.serve.vllm import find_vllm_python, prepare, shown
+    from roctune.hardware.vllm import find_vllm_python
+    from roctune.serve.vllm import prepare, shown
 
     for dest, default in args.engine_only_defaults.items():
         if getattr(args, dest) != default:

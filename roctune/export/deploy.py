@@ -11,15 +11,7 @@ from __future__ import annotations
 import os
 
 from roctune.errors import ConfigError
-
-# vLLM 0.32's --max-lora-rank choices (vllm/config/lora.py, MaxLoRARanks); `roctune serve --engine vllm` uses them.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_lora_rank(rank: int) -> int | None:
-    """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value holding it; None above 512."""
-    return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
-
+from roctune.hardware.vllm import vllm_lora_rank
 
 MARK = {"system": "SYSTEMMARKQ", "user": "USERMARKQ", "assistant": "ANSWERMARKQ", "user2": "USERTWOMARKQ"}
 

@@ -32,18 +32,13 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from roctune.errors import ConfigError, EnvironmentProblem
+from roctune.hardware.vllm import (CPU_KV_CACHE_GIB, SERVER_MODULE, VLLM_DTYPES, VLLM_LORA_RANKS, extra_vllm_args,
+                                   find_vllm_python, vllm_lora_rank)
 
 log = logging.getLogger(__name__)
 
-VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
-VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` script fails here (it finds no metadata)
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (config/lora.py)
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 WORK_DIR = ".tmp-vllm-rollouts"  # a leftover name rundir.remove_leftovers deletes
-# vLLM's CPU build reserves 92% of the memory by default and refuses to start when others hold more: a fixed 2 GiB
-# KV cache (a value the user set is kept). On a GPU, vLLM shares the card with training: it takes this fraction.
-CPU_KV_CACHE_GIB = "2"
+# On a GPU, vLLM shares the card with training: it takes this fraction of its memory.
 GPU_MEMORY_FRACTION = "0.3"
 START_TIMEOUT_S = 900
 REQUEST_TIMEOUT_S = 3600
@@ -51,27 +46,19 @@ REQUEST_TIMEOUT_S = 3600
 
 # ------------------------------------------------------------------------------------------ checks
 def find_python(environ=None) -> str:
-    """The python that runs vLLM: $ROCTUNE_VLLM_PYTHON, else the repository's .venv-vllm; ConfigError if none."""
-    environ = os.environ if environ is None else environ
-    fix = f"run `make vllm` (builds {VLLM_VENV}) or set ${VLLM_PYTHON_ENV} to a python that has vLLM"
-    path = environ.get(VLLM_PYTHON_ENV)
-    if not path:
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.path.join(repo, VLLM_VENV, "bin", "python")
-        if not os.path.isfile(path):
-            raise ConfigError(f"--rollout-engine vllm: vLLM is not installed here ({path} does not exist); {fix}")
-    path = os.path.expanduser(path)
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        raise ConfigError(f"--rollout-engine vllm: ${VLLM_PYTHON_ENV} {path} is not an executable file; {fix}")
-    return path
+    """The python that runs vLLM ($ROCTUNE_VLLM_PYTHON, else the repository's .venv-vllm); ConfigError if none
+    (or if $ROCTUNE_VLLM_ARGS is not usable), before the model loads."""
+    extra_vllm_args(environ)
+    return find_vllm_python(None, environ, what="--rollout-engine vllm", flag=None)
 
 
 def max_lora_rank(rank: int) -> int:
     """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value that holds it."""
-    for r in LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ConfigError(f"--rollout-engine vllm: --lora-r {rank} is above vLLM's largest LoRA rank ({LORA_RANKS[-1]})")
+    allowed = vllm_lora_rank(rank)
+    if allowed is None:
+        raise ConfigError(f"--rollout-engine vllm: --lora-r {rank} is above vLLM's largest LoRA rank "
+                          f"({VLLM_LORA_RANKS[-1]})")
+    return allowed
 
 
 def free_port() -> int:
@@ -98,7 +85,7 @@ def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[
         # a prompt prefilled in chunks makes vLLM rewind its seeded generator, which its CPU build cannot do
         # ("CPU Generator does not use offset", v1/worker/gpu_model_runner.py): prompts are prefilled whole
         argv.append("--no-enable-chunked-prefill")
-    return argv
+    return argv + extra_vllm_args()
 
 
 class VllmRollouts:

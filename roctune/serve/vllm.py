@@ -36,19 +36,12 @@ from roctune import rundir
 from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN
 from roctune.data.render import render_prompt, template_supports_tools
 from roctune.errors import ConfigError, RoctuneError
-from roctune.export.deploy import VLLM_LORA_RANKS, vllm_lora_rank
+from roctune.hardware.vllm import (CPU_KV_CACHE_GIB, SERVER_MODULE, VLLM_DTYPES, VLLM_LORA_RANKS, extra_vllm_args,
+                                   vllm_lora_rank)
 
-VLLM_PYTHON_ENV = "ROCTUNE_VLLM_PYTHON"
-VLLM_VENV = ".venv-vllm"  # what `make vllm` builds in the repository
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails here: its script finds no metadata
 TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json"}  # roctune tool format -> vLLM parser
 REASONING_PARSER = "deepseek_r1"  # reasoning from the start up to </think>: a prompt ending in an open <think>
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # --dtype auto: roctune's choice
 MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
-# vLLM's CPU build reserves 92% of the machine's memory by default (--gpu-memory-utilization) and refuses to start
-# when other processes hold more; a fixed KV cache (GiB, VLLM_CPU_KVCACHE_SPACE, which the GPU build ignores)
-# starts on a shared machine and holds ~45k tokens of a 135M model in fp32. A value set by the user is kept.
-CPU_KV_CACHE_GIB = "2"
 # PEFT inits that only set the starting weights (vLLM loads them as plain LoRA); others rewrite the base.
 PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 
@@ -71,30 +64,6 @@ class VllmLaunch:
 
 
 # ------------------------------------------------------------------------------------------- the python
-def repo_venv_python() -> str:
-    """The python of the repository's .venv-vllm (`make vllm`), whether or not it exists."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.path.join(repo, VLLM_VENV, "bin", "python")
-
-
-def find_vllm_python(explicit: str | None, environ=None) -> str:
-    """The python to run vLLM with: --vllm-python, else $ROCTUNE_VLLM_PYTHON, else the repository's .venv-vllm.
-    Checks it is an executable file; `check_has_vllm` checks it has vLLM."""
-    environ = os.environ if environ is None else environ
-    fix = (f"run `make vllm` (builds {VLLM_VENV}), or point roctune at a python that has vLLM with "
-           f"--vllm-python PATH or ${VLLM_PYTHON_ENV}")
-    source, path = ("--vllm-python", explicit) if explicit else (f"${VLLM_PYTHON_ENV}", environ.get(VLLM_PYTHON_ENV))
-    if not path:
-        default = repo_venv_python()
-        if os.path.isfile(default) and os.access(default, os.X_OK):
-            return default
-        raise ConfigError(f"--engine vllm: vLLM is not installed here ({default} does not exist): {fix}")
-    path = os.path.expanduser(path)
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        raise ConfigError(f"{source} {path}: not an executable file; {fix}")
-    return path
-
-
 def check_has_vllm(python: str) -> None:
     """Refuse a python without the vllm package (found by its import spec: importing vLLM takes seconds)."""
     probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
@@ -295,6 +264,7 @@ def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmA
     template = chat_template(tokenizer)
     if template is not None:
         argv += ["--chat-template", template]
+    argv += extra_vllm_args()
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB
