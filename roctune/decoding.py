@@ -187,8 +187,9 @@ def _prefill_distinct(model, cache_arg: str, prompts: list[list[int]], pad_id: i
 def sample_completions(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                        eos_ids: set, pad_id: int, gen, device: str) -> list[list[int]]:
     """Completions of `prompts` (token ids), decoded together with a KV cache: one prefill of the left-padded
-    prompts, then one forward per token for the rows still going; a row ends at an end-of-sequence token (kept as
-    its last token) or after `max_new_tokens`. Runs without gradients; the caller puts the model in eval mode."""
+    distinct prompts (a prompt repeated for a group runs once), then one forward per token for the rows still
+    going; a row ends at an end-of-sequence token (kept as its last token) or after `max_new_tokens`. Runs without
+    gradients; the caller puts the model in eval mode."""
     import torch
 
     cache_arg = cache_argument(model)
