@@ -362,9 +362,11 @@ class TrainConfig:
         if self.nproc * self.nnodes > 1:
             raise ConfigError("--rollout-engine vllm runs one vLLM server for one training process; drop --nproc/"
                               "--nnodes or use --rollout-engine roctune")
-        if self.lora_r > 512:
+        from roctune.hardware.vllm import VLLM_LORA_RANKS
+
+        if self.lora_r > VLLM_LORA_RANKS[-1]:
             raise ConfigError(f"--rollout-engine vllm: --lora-r {self.lora_r} is above vLLM's largest LoRA rank "
-                              "(512); lower it or use --rollout-engine roctune")
+                              f"({VLLM_LORA_RANKS[-1]}); lower it or use --rollout-engine roctune")
 
     def _check_best(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0
