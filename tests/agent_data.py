@@ -1,8 +1,9 @@
 """A small tool-calling and reasoning set (OpenAI chat format) that teaches the bundled model in a few steps to
-call get_weather for a city, answer from the tool's result, and think before answering a sum; and how a client
-assembles a streamed reply (`streamed_message`)."""
+call get_weather for a city, answer from the tool's result, and think before answering a sum; how a client
+assembles a streamed reply (`streamed_message`); and roctune's own server on the trained run (`serve_agent`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -50,3 +51,22 @@ def streamed_message(stream) -> tuple[dict, str]:
     if reasoning:
         message["reasoning_content"] = reasoning
     return message, reason
+
+
+@contextlib.contextmanager
+def serve_agent(agent_run: str, key: str):
+    """roctune serve's engine on `agent_run` (adapter "agent", one thread) in a server thread: yields (url, engine)."""
+    import torch
+
+    from roctune.serve import ServerThread, Settings, build_engine, create_app
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = build_engine(None, [("agent", agent_run)], device="cpu")
+    engine.start()
+    try:
+        with ServerThread(create_app(engine, Settings(api_key=key, max_tokens_limit=64))) as url:
+            yield url, engine
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)

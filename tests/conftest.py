@@ -31,13 +31,17 @@ def tokenizer(default_model_dir):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir) -> str:
     """A 2-layer llama with hidden size 64 and the bundled model's tokenizer and chat template."""
+    return build_tiny_llama(str(tmp_path_factory.mktemp("tiny-llama")), default_model_dir, heads=4, kv_heads=2)
+
+
+def build_tiny_llama(path: str, tokenizer_dir: str, heads: int, kv_heads: int) -> str:
+    """A 2-layer llama of hidden size 64 (head size 64 / heads) with `tokenizer_dir`'s tokenizer, saved in `path`."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    path = str(tmp_path_factory.mktemp("tiny-llama"))
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
                       tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                       bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)

@@ -93,19 +93,9 @@ def test_completion_ids_keep_the_stop_token_they_stopped_at():
 def vllm_model_dir(tmp_path_factory, default_model_dir) -> str:
     """conftest's tiny llama with 2 heads of 32 instead of 4 of 16: vLLM's CPU attention refuses head size 16
     (v1/attention/backends/cpu_attn.py: 32, 64, 80, ...)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from conftest import build_tiny_llama
 
-    path = str(tmp_path_factory.mktemp("tiny-llama-32"))
-    tok = AutoTokenizer.from_pretrained(default_model_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return build_tiny_llama(str(tmp_path_factory.mktemp("tiny-llama-32")), default_model_dir, heads=2, kv_heads=1)
 
 
 @pytest.fixture(scope="module")

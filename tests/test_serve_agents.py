@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agent_data import TEMPS, WEATHER_TOOL, streamed_message
+from agent_data import TEMPS, WEATHER_TOOL, serve_agent, streamed_message
 
 KEY = "agent-key"
 pytestmark = pytest.mark.slow
@@ -16,20 +16,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def agent_server(agent_run):
-    import torch
-
-    from roctune.serve import ServerThread, Settings, build_engine, create_app
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    engine = build_engine(None, [("agent", agent_run)], device="cpu")
-    engine.start()
-    try:
-        with ServerThread(create_app(engine, Settings(api_key=KEY, max_tokens_limit=64))) as url:
-            yield url, engine
-    finally:
-        engine.stop()
-        torch.set_num_threads(threads)
+    with serve_agent(agent_run, KEY) as served:
+        yield served
 
 
 @pytest.fixture

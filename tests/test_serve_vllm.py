@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from agent_data import TEMPS, WEATHER_TOOL, streamed_message
+from agent_data import TEMPS, WEATHER_TOOL, serve_agent, streamed_message
 from roctune.errors import ConfigError
+from roctune.hardware.network import free_port
 
 KEY = "vllm-key"
 pytestmark = pytest.mark.slow
@@ -28,12 +28,6 @@ def _vllm_python() -> str:
         return find_vllm_python(None)
     except ConfigError as e:
         pytest.skip(f"vLLM is not installed here (`make vllm`; `make test` builds it): {e}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(url: str, proc, log_path: str, timeout: float = 600) -> None:
@@ -56,7 +50,7 @@ def _wait_ready(url: str, proc, log_path: str, timeout: float = 600) -> None:
 @pytest.fixture(scope="module")
 def vllm_url(agent_run, tmp_path_factory):
     python = _vllm_python()
-    port = _free_port()
+    port = free_port()
     log_path = str(tmp_path_factory.mktemp("vllm") / "vllm.log")
     # --enforce-eager: no torch.compile at start (40 s less on this CPU; the answers are compared under greedy)
     env = {**os.environ, "ROCTUNE_VLLM_PYTHON": python, "ROCTUNE_API_KEY": KEY, "ROCTUNE_VLLM_ARGS": "--enforce-eager"}
@@ -79,20 +73,8 @@ def vllm_url(agent_run, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def roctune_url(agent_run):
-    import torch
-
-    from roctune.serve import ServerThread, Settings, build_engine, create_app
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    engine = build_engine(None, [("agent", agent_run)], device="cpu")
-    engine.start()
-    try:
-        with ServerThread(create_app(engine, Settings(api_key=KEY, max_tokens_limit=64))) as url:
-            yield url
-    finally:
-        engine.stop()
-        torch.set_num_threads(threads)
+    with serve_agent(agent_run, KEY) as (url, _):
+        yield url
 
 
 def _round_trip(url: str, stream: bool) -> list[tuple[dict, str]]:

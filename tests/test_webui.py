@@ -8,10 +8,11 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 
 import pytest
+
+from roctune.hardware.network import free_port
 
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -212,12 +213,6 @@ def test_progress_and_data_preview(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ browser
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _shot(page, tmp_path, name: str, full_page: bool = True) -> None:
     """A screenshot in tmp_path; with ROCTUNE_SCREENSHOTS=DIR also copied there (`make screenshots` puts the
     panels of both languages in docs/ this way)."""
@@ -234,7 +229,7 @@ def server(tmp_path, default_model_dir):
     pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
     from roctune.webui import build_app
 
-    port = _free_port()
+    port = free_port()
     app = build_app("runs", root=str(tmp_path))
     app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
                ssr_mode=False, show_error=False, **app._roctune_launch)
@@ -500,7 +495,7 @@ def test_webui_starts_behind_a_proxy_on_a_busy_machine(tmp_path):
     env = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         env[name] = env[name.upper()] = "http://127.0.0.1:9"  # the discard port: nothing answers there
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "roctune", "webui", "--port", str(port), "--root", str(tmp_path)]
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

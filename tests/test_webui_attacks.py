@@ -10,21 +10,16 @@ from __future__ import annotations
 import html
 import json
 import os
-import socket
 
 import pytest
+
+from roctune.hardware.network import free_port
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 SECRET = "the-secret-outside-the-root"
 # what the module would do if it were ever imported: leave a file behind
 MODULE = "import pathlib\npathlib.Path(__file__).with_name('PWNED').write_text('ran')\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _jsonl(path, rows) -> str:
@@ -44,7 +39,7 @@ def api(tmp_path):
     root = tmp_path / "ws"
     root.mkdir()
     _jsonl(tmp_path / "secret.jsonl", [{"instruction": "Hi?", "input": "", "output": SECRET}])
-    port = _free_port()
+    port = free_port()
     app = build_app("runs", root=str(root))
     app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
                ssr_mode=False, show_error=False)

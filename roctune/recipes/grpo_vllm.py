@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,6 +31,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from roctune.errors import ConfigError, EnvironmentProblem
+from roctune.hardware.network import free_port
 from roctune.hardware.vllm import (CPU_KV_CACHE_GIB, SERVER_MODULE, VLLM_DTYPES, VLLM_LORA_RANKS, extra_vllm_args,
                                    find_vllm_python, vllm_lora_rank)
 
@@ -59,13 +59,6 @@ def max_lora_rank(rank: int) -> int:
         raise ConfigError(f"--rollout-engine vllm: --lora-r {rank} is above vLLM's largest LoRA rank "
                           f"({VLLM_LORA_RANKS[-1]})")
     return allowed
-
-
-def free_port() -> int:
-    """A free loopback port (the OS picks it; vLLM binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------ the server

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 
 from roctune.errors import ConfigError
+from roctune.hardware.network import free_port
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,6 @@ def check_launch(cfg) -> str:
         raise ConfigError(f"--nproc {cfg.nproc}: only {gpus} GPU(s) visible on this machine; lower --nproc to "
                           f"{gpus} or fewer (HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES limit what is visible)")
     return device
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher_command(cfg, config_path: str) -> list[str]:
