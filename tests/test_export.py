@@ -1,8 +1,8 @@
 """`roctune export`: a short identity fine-tune of the bundled SmolLM2 exported as q8_0 (written by roctune) and
 q4_k_m (llama.cpp's quantizer on roctune's f16 file), run by llama.cpp itself and read back with transformers:
-the GGUF answers with the tuned name, its logits stay within the tolerance of its quant type against the merged
-model, llama.cpp's greedy answers equal the merged model's up to the end-of-turn token, the Modelfile holds the
-TEMPLATE and the stop token. Bad input (unknown quant or
+the GGUF answers with the tuned name, its next-token distributions stay within its quant type's KL limit of the
+merged model's with the same top token at most positions (on both of llama.cpp's CPU paths), its answers stop at
+the end-of-turn token, the Modelfile holds the TEMPLATE and the stop token. Bad input (unknown quant or
 architecture, output inside the run, a folder roctune did not write) and a failed check write nothing."""
 import json
 import os
@@ -40,22 +40,49 @@ def _answer_stops_at_end_of_turn(path: str, run: str) -> None:
     assert tok.convert_ids_to_tokens(int(follow.argmax())) == "<|im_end|>"
 
 
+# The least share of positions whose top token must be the merged model's, per quant, in this test: below the
+# bundled model's measured rates on every processor tried (README, "How close is the GGUF") with room for kernels
+# that sum in another order; llama.cpp's published LLaMA-3-8B rates are about 99% (q8_0) and 94% (q4_K_M).
+SAME_TOP_MIN = {"q8_0": 0.93, "q4_k_m": 0.80}
+
+
+@pytest.fixture(scope="module")
+def merged_runs(identity_run, tmp_path_factory):
+    """The identity run merged, with its reference logits over the check's conversations (for re-checking the
+    exported files on llama.cpp's other CPU path)."""
+    from roctune.export import verify
+    from roctune.merge import merge
+
+    run, _ = identity_run
+    folder = str(tmp_path_factory.mktemp("merged") / "m")
+    merge(run, folder, log=lambda s: None)
+    ref, tok = verify._load_reference(folder)
+    return verify.reference_runs(ref, tok, verify.check_conversations(run)), tok
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["q8_0", "q4_k_m"])
-def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant, identity_run):
-    from roctune.export.verify import KQUANT_TOLERANCE, TOLERANCE
+def test_gguf_matches_merged_model_and_answers_tuned_name(exports, quant, identity_run, merged_runs):
+    """What holds on every processor: the distributions llama.cpp computes from the file stay within the quant's
+    KL limit of the merged model's, with the same top token at most positions, on both of llama.cpp's CPU paths
+    (weights repacked for the processor's wide kernels, AMX/VNNI where present, and the plain per-block path), and
+    every answer starts with the tuned name. Whole greedy answers are shown, not required equal: where the merged
+    model's top two tokens nearly tie, which one wins depends on the processor's kernels."""
+    from roctune.export import verify
 
     folder, report = exports[quant]
     check = report["check"]
     assert sorted(os.listdir(folder)) == ["DEPLOY.md", "Modelfile", f"roc-{quant}.gguf", "roctune_export.json"]
-    tol = TOLERANCE.get(quant, KQUANT_TOLERANCE)
-    # llama.cpp itself (the test extra installs it): same token ids in, logits close, the same greedy answer,
-    # ended by its end-of-generation token within 16 new tokens like the merged model's
-    assert check["checked_by"] == "llama.cpp" and check["max_abs_logit_diff"] <= tol
-    assert check["prompts"] == 3 and check["answers_equal"] == 3, check["answers"]
-    assert all(a["gguf"].startswith("My name is Roc") for a in check["answers"]), check["answers"]
+    assert check["checked_by"] == "llama.cpp" and check["texts"] >= 8 and check["positions"] >= 300, check
+    path = os.path.join(folder, f"roc-{quant}.gguf")
+    runs, tok = merged_runs
+    plain = verify.by_llama_cpp(path, runs, tok, repack=False)
+    for got in (check, plain):
+        assert got["mean_kl"] <= verify.kl_limit(quant), (got["checked_by"], got["mean_kl"])
+        assert got["same_top"] >= SAME_TOP_MIN[quant], (got["checked_by"], got["same_top"])
+        assert all(a["gguf"].startswith("My name is Roc") for a in got["answers"]), got["answers"]
     assert json.load(open(os.path.join(folder, "roctune_export.json")))["check"] == check
-    _answer_stops_at_end_of_turn(os.path.join(folder, f"roc-{quant}.gguf"), identity_run[0])
+    _answer_stops_at_end_of_turn(path, identity_run[0])
     assert report["merge_max_logit_diff"] < 1e-3
 
 
@@ -161,9 +188,9 @@ def test_tiny_export_overwrite_and_failed_check_writes_nothing(tmp_path, tiny_mo
 
     out = str(tmp_path / "tiny")
     first = export(tiny_model_dir, out, quant="f16", name="Tiny Model!", log=lambda s: None)
-    assert first["gguf"] == "tiny-model-f16.gguf" and first["check"]["max_abs_logit_diff"] <= verify.TOLERANCE["f16"]
-    monkeypatch.setitem(verify.TOLERANCE, "q8_0", 0.0)
-    with pytest.raises(RoctuneError, match=r"differs from the merged model by max \|logit\| .* not saved"):
+    assert first["gguf"] == "tiny-model-f16.gguf" and first["check"]["mean_kl"] <= verify.kl_limit("f16")
+    monkeypatch.setitem(verify.KL_LIMIT, "q8_0", 0.0)
+    with pytest.raises(RoctuneError, match=r"differs from the merged model by a mean KL divergence of .* not saved"):
         export(tiny_model_dir, out, quant="q8_0", name="tiny-model", overwrite=True, log=lambda s: None)
     assert sorted(os.listdir(out)) == ["DEPLOY.md", "Modelfile", "roctune_export.json", "tiny-model-f16.gguf"]
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
@@ -212,10 +239,10 @@ def test_llama_cpp_loads_here_without_changing_the_installed_package():
         assert open(path, "rb").read() == data  # already weak: patching again changes nothing
 
 
-def test_check_prompts_find_relative_training_data_from_another_folder(tmp_path, monkeypatch):
+def test_check_conversations_find_relative_training_data_from_another_folder(tmp_path, monkeypatch):
     """run.yaml keeps `--data` as training got it (relative to where it ran); exporting from elsewhere still
     checks on the training data, and the report says where the prompts came from."""
-    from roctune.export.verify import check_prompts
+    from roctune.export.verify import check_conversations, prompt_of
 
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
@@ -224,4 +251,6 @@ def test_check_prompts_find_relative_training_data_from_another_folder(tmp_path,
         {"role": "user", "content": "Where is Roc?"}, {"role": "assistant", "content": "Here."}]}) + "\n")
     (project / "runs" / "demo" / "run.yaml").write_text("base_model: x\nconfig:\n  data: [data/chat.jsonl]\n")
     monkeypatch.chdir(tmp_path)  # not the project folder training ran in
-    assert check_prompts(str(project / "runs" / "demo")) == [[{"role": "user", "content": "Where is Roc?"}]]
+    found = check_conversations(str(project / "runs" / "demo"))
+    assert found == [[{"role": "user", "content": "Where is Roc?"}, {"role": "assistant", "content": "Here."}]]
+    assert prompt_of(found[0]) == [{"role": "user", "content": "Where is Roc?"}]

@@ -71,7 +71,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
         rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.deploy_md(
             output, gguf_name, name, adapter, rundir.base_model(adapter) or base, rank, full))
         if verify:
-            report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_prompts(adapter), log,
+            report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_conversations(adapter), log,
                                            tokenizer=tok)
             log(check.summary(report["check"]))
         else:
@@ -106,7 +106,7 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
         merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
         report["merge_max_logit_diff"] = _merge(adapter, merged, log)
         gguf_file.write_gguf(base, base_gguf, "f16", name, tok, log)
-        report["check"] = check.verify(merged, tmp, os.path.basename(base_gguf), "f16", check.check_prompts(adapter),
+        report["check"] = check.verify(merged, tmp, os.path.basename(base_gguf), "f16", check.check_conversations(adapter),
                                        log, lora=path, tokenizer=tok)
         log(check.summary(report["check"]) + " (the adapter applied to an f16 GGUF of the base)")
         shutil.rmtree(merged)

@@ -335,7 +335,9 @@ def _add(w, names, key: str, data, quant: str, model_dir: str) -> None:
 
 def _encode(data, quant: str):
     """Norms (1-D) stay f32 as in llama.cpp's files; matrices take the quant type (q8_0 only where rows split
-    into whole 32-value blocks, else f16)."""
+    into whole 32-value blocks, else f16). q8_0 includes the token embedding (and so a tied output layer), as
+    llama.cpp's own converter writes it: keeping it at f16 measured KL 0.0083 instead of 0.0109 on the bundled
+    model for an 18% larger file, most of q8_0's divergence being llama.cpp's 8-bit activations (verify.py)."""
     import gguf
     import numpy as np
 

@@ -187,13 +187,17 @@ class Model:
     """A GGUF loaded by llama.cpp on the CPU, run token by token from the token ids given (so the comparison
     with transformers does not depend on two tokenizers)."""
 
-    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None):
-        """`lora`: a LoRA GGUF applied (scale 1) to the model, as `llama-server --lora` does."""
+    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None, repack: bool = True):
+        """`lora`: a LoRA GGUF applied (scale 1) to the model, as `llama-server --lora` does. `repack`: llama.cpp's
+        default, quantized weights repacked for the processor's wide kernels (its "extra buffer types": AMX on
+        Xeons that have it, interleaved blocks for AVX2/AVX-512); False keeps them as stored and runs the plain
+        per-block dot products (`llama-cli --no-repack`), so both CPU paths can be checked on one machine."""
         from roctune.errors import RoctuneError
 
         self.ffi, self.lib = binding()
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = repack
         self.model = self.lib.llama_model_load_from_file(path.encode(), params)
         if self.model == self.ffi.NULL:
             raise RoctuneError(f"llama.cpp cannot load {os.path.basename(path)}; not saved")
@@ -243,18 +247,10 @@ class Model:
         """(logits after the prompt as a numpy array, greedy continuation ids up to an end-of-generation token)."""
         import numpy as np
 
-        params = self.lib.llama_context_default_params()
         # no larger than needed: llama.cpp picks Phi-3's long-context rope factors by the context size (above the
         # original context), transformers by the sequence length, so a short check must use a short context
-        params.n_ctx = params.n_batch = max(self.n_ctx, len(ids) + new_tokens + 1)
-        params.n_threads = params.n_threads_batch = threads()
-        ctx = self.lib.llama_init_from_model(self.model, params)
+        ctx = self._context(len(ids) + new_tokens + 1)
         try:
-            if self.adapter != self.ffi.NULL:
-                adapters = self.ffi.new("struct llama_adapter_lora *[1]", [self.adapter])
-                scale = self.ffi.new("float[1]", [1.0])
-                if self.lib.llama_set_adapters_lora(ctx, adapters, 1, scale) != 0:
-                    raise EnvironmentProblem("llama.cpp could not set the LoRA adapter")
             first = self._decode(ctx, ids)
             out, logits = [], first
             for _ in range(new_tokens):
@@ -266,6 +262,43 @@ class Model:
             return first, out
         finally:
             self.lib.llama_free(ctx)
+
+    def logits_all(self, ids: list[int]):
+        """The logits at every position of `ids` (one batch), as a [len(ids), vocab] numpy array."""
+        import numpy as np
+
+        ctx = self._context(len(ids), whole_batch=True)
+        try:
+            tokens = self.ffi.new("llama_token[]", ids)
+            wanted = self.ffi.new("int8_t[]", [1] * len(ids))
+            batch = self.lib.llama_batch_get_one(tokens, len(ids))
+            batch.logits = wanted  # an output at every position, not only the last
+            if self.lib.llama_decode(ctx, batch) != 0:
+                raise EnvironmentProblem("llama.cpp could not evaluate a conversation")
+            out = np.empty((len(ids), self.n_vocab), dtype=np.float32)
+            for i in range(len(ids)):
+                out[i] = np.frombuffer(self.ffi.buffer(self.lib.llama_get_logits_ith(ctx, i), 4 * self.n_vocab),
+                                       dtype=np.float32)
+            return out
+        finally:
+            self.lib.llama_free(ctx)
+
+    def _context(self, n_tokens: int, whole_batch: bool = False):
+        """A context for `n_tokens` with the LoRA adapter set (when there is one); `whole_batch`: the tokens go
+        through as one micro-batch, as outputs at every position need."""
+        params = self.lib.llama_context_default_params()
+        params.n_ctx = params.n_batch = max(self.n_ctx, n_tokens)
+        if whole_batch:
+            params.n_ubatch = params.n_batch
+        params.n_threads = params.n_threads_batch = threads()
+        ctx = self.lib.llama_init_from_model(self.model, params)
+        if self.adapter != self.ffi.NULL:
+            adapters = self.ffi.new("struct llama_adapter_lora *[1]", [self.adapter])
+            scale = self.ffi.new("float[1]", [1.0])
+            if self.lib.llama_set_adapters_lora(ctx, adapters, 1, scale) != 0:
+                self.lib.llama_free(ctx)
+                raise EnvironmentProblem("llama.cpp could not set the LoRA adapter")
+        return ctx
 
     def _decode(self, ctx, ids: list[int]):
         import numpy as np
