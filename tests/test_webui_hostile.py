@@ -525,8 +525,8 @@ def test_serve_raw_http_gets_openai_shaped_4xx():
                     for i in range(0, len(body), 65536)) + b"0\r\n\r\n"
     one = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
     with ServerThread(create_app(SimpleNamespace(), Settings())) as url:
-        cases = [(head + b"Content-Length: -1\r\n\r\n{}", 400), (head + b"Transfer-Encoding: chunked\r\n\r\n" + many, 413),
-                 (head + b"Transfer-Encoding: chunked\r\n\r\n" + one, 413)]
+        chunked = head + b"Transfer-Encoding: chunked\r\n\r\n"
+        cases = [(head + b"Content-Length: -1\r\n\r\n{}", 400), (chunked + many, 413), (chunked + one, 413)]
         for request, want in cases:
             status, answer = _raw(url, request)
             assert status == want and set(answer) == {"error"}, (status, answer)
