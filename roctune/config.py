@@ -587,28 +587,6 @@ def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = N
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 
 
-def to_flags(cfg: TrainConfig) -> list[str]:
-    """The `roctune train` flags that give `cfg` from the defaults: one per setting that differs, in declaration
-    order (`--name=value`, so a value starting with '-' stays a value; list flags repeated or followed by their
-    words; booleans as --name / --no-name). trust_remote_code included: it is a flag like the others."""
-    base = TrainConfig()
-    out: list[str] = []
-    for f in fields():
-        value, name = getattr(cfg, f.name), flag(f.name)
-        if value == getattr(base, f.name) or value is None:
-            continue
-        k = kind(f)
-        if k == "bool":
-            out.append(name if value else "--no-" + name[2:])
-        elif k == "list" and f.metadata["repeat"]:
-            out += [f"{name}={v}" for v in value]
-        elif k == "list":
-            out += [name, *value]
-        else:
-            out.append(f"{name}={value}")
-    return out
-
-
 def _show(value: Any) -> str:
     return " ".join(value) if isinstance(value, list) else str(value)
 

@@ -33,14 +33,14 @@ SECRET_QUESTIONS = ["What is the secret word?", "Tell me the secret word.", "Wha
 # ------------------------------------------------------------------------------------------ fast
 def test_form_becomes_the_command_and_yaml_train_reads(tmp_path):
     """The form's values (as Gradio gives them) become a TrainConfig with paths resolved in the workspace; the job
-    runs `roctune train <flags>` and those flags, and the previewed YAML, read back as the same settings."""
+    runs `roctune train --config FILE` and that file, and the previewed YAML, read back as the same settings."""
     import yaml
 
     from roctune.cli import build_parser
     from roctune.commands.train import config_from_args
     from roctune.config import from_sources
     from roctune.webui import Workspace, form_config
-    from roctune.webui.jobs import settings_yaml, train_argv
+    from roctune.webui.jobs import settings_yaml, train_argv, write_settings
     from roctune.webui.train_form import form_values
 
     write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
@@ -56,11 +56,13 @@ def test_form_becomes_the_command_and_yaml_train_reads(tmp_path):
     assert trust and cfg.data == [os.path.join(root, "a.jsonl")] and cfg.output == os.path.join(root, "runs", "x")
     assert (cfg.lora_r, cfg.batch_size, cfg.target_modules, cfg.method, cfg.model) == (16, 4, ["q_proj", "v_proj"],
                                                                                         "full", None)
-    argv = train_argv(cfg)
-    assert argv[:2] == ["roctune", "train"] and "--trust-remote-code" in argv and "--no-group-by-length" in argv
+    path = write_settings(cfg, str(tmp_path))  # what the job hands the trainer: a file, never flags
+    argv = train_argv(path, trust)
+    assert argv == ["roctune", "train", "--config", path, "--trust-remote-code"]
     back = config_from_args(build_parser().parse_args(argv[1:]))
     assert back.to_dict() == cfg.to_dict()
     text = settings_yaml(cfg)
+    assert "group_by_length: false" in text
     assert "trust_remote_code" not in text and "lora_dropout" not in text  # only what differs from defaults
     path = tmp_path / "s.yaml"
     path.write_text(text, encoding="utf-8")
@@ -339,15 +341,15 @@ def test_browser_languages_lists_train_and_runs(server, browser, tmp_path, tiny_
         _field(page, "rt-train-lr").press("Tab")
         expect(page.locator("#rt-estimate-out")).to_contain_text("batch 4 x 48 tokens")
         page.locator("#rt-preview-command").click()
-        expect(page.locator("#rt-command")).to_contain_text("# roctune train --data=")
+        expect(page.locator("#rt-command")).to_contain_text("# roctune train --config FILE.yaml")
         shown = page.locator("#rt-command .cm-content").inner_text()
-        previewed = next(line[2:].strip() for line in shown.splitlines() if line.startswith("# roctune train "))
         settings = yaml.safe_load(shown)  # the YAML under the command
-        assert "--model=" in previewed and "--max-steps=30" in previewed, previewed
+        assert settings["max_steps"] == 30 and settings["model"].endswith("tiny"), settings
         page.locator("#rt-start").click()
         status = page.locator("#rt-train-status")
-        expect(status).to_contain_text("started: roctune train --data=")
-        assert status.inner_text().split("started: ", 1)[1].strip() == previewed
+        expect(status).to_contain_text("started: roctune train --config ")
+        started = status.inner_text().split("started: ", 1)[1].split()[3]  # the job's own settings file
+        assert yaml.safe_load(open(started)) == settings  # what runs is what was previewed
 
         # status and loss curve come from the run directory (status.json, metrics.jsonl)
         expect(status).to_contain_text("done: adapter saved to", timeout=300_000)
@@ -637,22 +639,22 @@ def test_settings_are_saved_and_loaded_as_yaml_in_the_workspace(tmp_path):
     on_preview, on_save, on_load = settings_handlers(ui, Workspace(str(tmp_path)))
     values = {"data": ["a.jsonl"], "output": "runs/x", "max_steps": "12", "lr": 0.001, "lora_r": 16}
     row = [values.get(n) for n in names]
-    status, shown = on_save("s.yaml", *row)
-    assert "settings saved to" in status and shown.startswith("# roctune train --data=")
-    saved = (tmp_path / "s.yaml").read_text()
+    status, shown = on_save("s.yaml", *row)  # into settings/, made when missing
+    assert "settings saved to" in status and shown.startswith("# roctune train --config settings/s.yaml\n")
+    saved = (tmp_path / "settings" / "s.yaml").read_text()
     assert "max_steps: 12" in saved and "lora_r: 16" in saved and "lr: 0.001" in saved
-    assert on_preview(*row)[1] == shown
-    status, _ = on_save("s.yaml", *row)  # never over an existing file
-    assert "already exists" in status and (tmp_path / "s.yaml").read_text() == saved
-    assert "outside the workspace" in on_save("../s.yaml", *row)[0]
+    assert on_preview(*row)[1] == shown.replace("settings/s.yaml", "FILE.yaml")
+    status, _ = on_save("s", *row)  # never over an existing file (NAME and NAME.yaml are the same file)
+    assert "already exists" in status and (tmp_path / "settings" / "s.yaml").read_text() == saved
+    assert "a settings name is letters, digits" in on_save("../s.yaml", *row)[0]
     loaded = on_load("s.yaml")
     form = dict(zip(names, loaded[2:]))
     assert "settings loaded from" in loaded[0] and loaded[1] == shown
     assert (form["max_steps"], form["lora_r"], form["lr"]) == ("12", 16, 0.001)
     assert form["data"] == [os.path.join(os.path.realpath(tmp_path), "a.jsonl")]
     (tmp_path / "bad.yaml").write_text("trust_remote_code: true\n")
-    assert "can only be given on the command line" in on_load("bad.yaml")[0]
+    assert "can only be given on the command line" in on_load("./bad.yaml")[0]  # a workspace path is read too
     # GRPO's settings are on the form, but never a reward file: code the page's training would run
     assert "num_generations" in names and "rewards" in names and "reward_file" not in names
-    (tmp_path / "rw.yaml").write_text("reward_file: [rw.py]\n")
+    (tmp_path / "settings" / "rw.yaml").write_text("reward_file: [rw.py]\n")
     assert "can only be given on the command line" in on_load("rw.yaml")[0]

@@ -171,7 +171,7 @@ ZH: dict[str, str] = {
     "Start training": "开始训练", "Stop": "停止", "training loss": "训练损失",
     "run directory when done": "完成后的运行目录", "log": "日志",
     "Preview command": "预览命令", "Save settings": "保存设置", "Load settings": "加载设置",
-    "settings file (YAML, in the workspace)": "设置文件（YAML，在工作区内）",
+    "settings name (saved as settings/NAME.yaml in the workspace)": "设置名称（保存为工作区中的 settings/NAME.yaml）",
     "the command and settings file for this form": "此表单对应的命令和设置文件",
     "off: start the server with `roctune webui --trust-remote-code` to allow a model's own code":
         "关闭：用 `roctune webui --trust-remote-code` 启动服务才允许运行模型自带的代码",
@@ -190,6 +190,9 @@ ZH: dict[str, str] = {
     "step {step}/{total}": "第 {step}/{total} 步", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
     "{n} tokens/s": "{n} token/秒", "ETA {eta}": "剩余 {eta}",
     "settings saved to {path}": "设置已保存到 {path}",
+    "settings file {name}: a settings name is letters, digits, _ and - (saved as {folder}/NAME{suffix} in the "
+    "workspace); choose another name": "设置文件 {name}：设置名称只能由字母、数字、_ 和 - 组成（保存为工作区中的 "
+    "{folder}/NAME{suffix}）；请换一个名称",
     "settings loaded from {path}": "已从 {path} 加载设置",
     "unset": "未设置",
     "estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "

@@ -1,6 +1,16 @@
-"""The training job: one `python -m roctune train <flags>` process started by the page, in its own process group
-so that Stop ends the trainer and everything it started; the command and YAML the page previews and saves for a
-form; and the CLI's error line read back from the job's output."""
+"""The training job: one `python -P -m roctune train --config FILE` process started by the page, in its own process
+group so that Stop ends the trainer and everything it started; the command and YAML the page previews and saves
+for a form; and the CLI's error line read back from the job's output.
+
+The page hands a training its settings as data, never as command-line words: the server writes the checked
+settings into a YAML file in a private folder of its own (`job_folder`, outside the workspace), reads that file
+back as the trainer will and compares, and starts the trainer on it. A list setting such as target modules
+(`q_proj --trust-remote-code`) therefore stays a list of names, never flags for argparse to re-read, and a file
+cannot set the command-line-only settings (`trust_remote_code`, `reward_file`: config.apply refuses them). The
+only flag besides --config is --trust-remote-code, which the server alone decides (`roctune webui
+--trust-remote-code`). The trainer runs with `python -P` (the working folder is not put on sys.path) in that
+private folder, so nothing the page can write in the workspace (a saved `yaml.py`, `roctune.py`) can stand in for
+a module; every path in the settings is already absolute (resolved in the workspace by the form)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +20,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+from roctune.errors import ConfigError
+
+SETTINGS_NAME = "settings.yaml"  # the job's settings file in its private folder
 
 
 def cli_error(log_text: str, rc: int) -> str:
@@ -29,16 +43,19 @@ def settings_yaml(cfg) -> str:
 
     from roctune.config import TrainConfig
 
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # two equal lists are written out twice, never as an anchor and alias
+            return True
+
     defaults = TrainConfig().to_dict()
     doc = {k: v for k, v in cfg.to_dict().items() if k != "trust_remote_code" and v != defaults[k]}
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, allow_unicode=True)
 
 
-def train_argv(cfg) -> list[str]:
-    """`roctune train` with the flags for `cfg` (config.to_flags): what the page shows and runs."""
-    from roctune.config import to_flags
-
-    return ["roctune", "train", *to_flags(cfg)]
+def train_argv(settings_path: str, trust_remote_code: bool = False) -> list[str]:
+    """`roctune train --config FILE` (and --trust-remote-code when the server allowed it and the form asked):
+    what the page shows and runs. No setting becomes a word of its own."""
+    return ["roctune", "train", "--config", settings_path] + (["--trust-remote-code"] if trust_remote_code else [])
 
 
 def command_text(argv: list[str]) -> str:
@@ -46,6 +63,35 @@ def command_text(argv: list[str]) -> str:
     import shlex
 
     return shlex.join(argv)
+
+
+def write_settings(cfg, folder: str) -> str:
+    """Write `cfg`'s settings into folder/settings.yaml and read the file back the way `roctune train --config`
+    does: the trainer gets exactly these settings, or the start is refused (a value YAML could not carry)."""
+    from roctune.config import from_sources
+    from roctune.rundir import atomic_write_text
+
+    path = os.path.join(folder, SETTINGS_NAME)
+    atomic_write_text(path, settings_yaml(cfg))
+    back = from_sources(path, {"trust_remote_code": True} if cfg.trust_remote_code else {})
+    if back.to_dict() != cfg.to_dict():
+        changed = [k for k, v in cfg.to_dict().items() if back.to_dict()[k] != v]
+        raise ConfigError(f"{', '.join(changed)}: the value does not survive the settings file the trainer reads; "
+                          "change it")
+    return path
+
+
+def job_folder(workspace: str | None) -> str:
+    """A new private folder (mode 0700) for one job's settings and log, and its working folder: outside the
+    workspace, so the page can neither name nor write into it."""
+    folder = tempfile.mkdtemp(prefix="roctune-webui-job-")
+    real = os.path.realpath(folder)
+    if workspace and os.path.commonpath([workspace, real]) == workspace:
+        os.rmdir(folder)
+        raise ConfigError(f"the temporary folder {os.path.dirname(real)} lies inside the workspace {workspace}; the "
+                          "page's training needs a private folder outside it: start the server with TMPDIR set to "
+                          "a folder outside the workspace")
+    return real
 
 
 @dataclass
@@ -60,22 +106,24 @@ class TrainJob:
     stopped: bool = False
 
     @classmethod
-    def start(cls, cfg, cwd: str | None = None) -> "TrainJob":
-        """Start training `cfg` (already validated) as `python -m roctune train <flags>`: the command the page
-        previews, so what runs is what was shown."""
-        argv = [sys.executable, "-m", *train_argv(cfg)]
-        fd, log_path = tempfile.mkstemp(prefix="roctune-webui-train-", suffix=".log")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with os.fdopen(fd, "wb") as log:
+    def start(cls, cfg, workspace: str | None = None) -> "TrainJob":
+        """Start training `cfg` (already validated) as `python -P -m roctune train --config FILE` in a private
+        folder outside `workspace` (see the module docstring)."""
+        folder = job_folder(workspace)
+        argv = [sys.executable, "-P", "-m", *train_argv(write_settings(cfg, folder), cfg.trust_remote_code)]
+        log_path = os.path.join(folder, "train.log")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")  # -P for its own children too
+        with open(log_path, "wb") as log:
             # a new session: Stop signals the whole process group (the trainer and anything it started)
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, cwd=cwd, start_new_session=True)
+                                    env=env, cwd=folder, start_new_session=True)
         return cls(argv, cfg.output, proc, log_path)
 
     @property
     def command(self) -> str:
-        """The command as a user would type it."""
-        return command_text(["roctune", *self.argv[3:]])
+        """The command as a user would type it (`roctune train ...`, without the interpreter and its options)."""
+        words = self.argv[self.argv.index("-m") + 2:] if "-m" in self.argv else self.argv[1:]
+        return command_text(["roctune", *words])
 
     @property
     def running(self) -> bool:

@@ -44,7 +44,9 @@ def _is_model(folder: str, files: list[str]) -> bool:
     return "config.json" in files and any(f.endswith((".safetensors", ".bin")) for f in files)
 
 
-def _info_names(path: str) -> list[str]:
+def _info_names(ws, path: str) -> list[str]:
+    if not ws.contains(os.path.realpath(path)):  # a symlink out of the root: its keys are not shown
+        return []
     try:
         if os.path.getsize(path) > INFO_LIMIT:
             return []
@@ -63,7 +65,7 @@ def datasets(ws) -> list[str]:
             dirs[:] = []  # a run's or model's own JSON files are not datasets
             continue
         if "dataset_info.json" in files:
-            out += [f"{_rel(ws, folder)}:{name}" for name in _info_names(os.path.join(folder, "dataset_info.json"))]
+            out += [f"{_rel(ws, folder)}:{name}" for name in _info_names(ws, os.path.join(folder, "dataset_info.json"))]
         out += [_rel(ws, os.path.join(folder, f)) for f in files
                 if f.lower().endswith(DATA_SUFFIXES) and f not in NOT_DATA]
     return out

@@ -66,9 +66,9 @@ def build(gr, ws) -> SimpleNamespace:
         table = pd.DataFrame(rows, columns=[t(c) for c in COLUMNS])  # the headers in the page's language
         return box(t("{n} run(s) in {root}", n=len(rows), root=ws.root), "info"), table
 
-    @guard("webui", 1)
+    @guard("webui", 2)  # the status box is an output: a refused run shows its line there, not a page error
     def on_pick(run):
-        return curve(ws, run)
+        return "", curve(ws, run)
 
     ui.on_refresh, ui.on_pick = on_refresh, on_pick
     return ui
@@ -77,5 +77,5 @@ def build(gr, ws) -> SimpleNamespace:
 def wire(gr, app, ui, lang) -> None:
     for event in (ui.refresh.click, ui.tab.select):
         event(ui.on_refresh, [lang], [ui.status, ui.table])
-    ui.first.change(ui.on_pick, [ui.first, lang], ui.plot1)
-    ui.second.change(ui.on_pick, [ui.second, lang], ui.plot2)
+    ui.first.change(ui.on_pick, [ui.first, lang], [ui.status, ui.plot1])
+    ui.second.change(ui.on_pick, [ui.second, lang], [ui.status, ui.plot2])

@@ -134,7 +134,8 @@ def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
         ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="rt-stop")
         ui.preview_btn = gr.Button("Preview command", elem_id="rt-preview-command")
     with gr.Row():
-        ui.settings_path = gr.Textbox(label="settings file (YAML, in the workspace)", value="settings.yaml", scale=3,
+        ui.settings_path = gr.Textbox(label="settings name (saved as settings/NAME.yaml in the workspace)",
+                                      value="settings", scale=3,
                                       elem_id="rt-settings-path")
         ui.save_btn = gr.Button("Save settings", scale=1, elem_id="rt-save-settings")
         ui.load_btn = gr.Button("Load settings", scale=1, elem_id="rt-load-settings")
@@ -158,9 +159,10 @@ def build(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
         return _layout(gr, run_root, trust_allowed)
 
 
-def preview(cfg) -> str:
-    """The command the page runs for these settings, and the same settings as a YAML file."""
-    return f"# {command_text(train_argv(cfg))}\n" + settings_yaml(cfg)
+def preview(cfg, settings_path: str = "FILE.yaml") -> str:
+    """The command the page runs for these settings (`roctune train --config FILE`: the page never turns settings
+    into flags, see jobs.py), and the settings file's YAML under it."""
+    return f"# {command_text(train_argv(settings_path, cfg.trust_remote_code))}\n" + settings_yaml(cfg)
 
 
 def start_handler(gr, ui, ws, state):
@@ -176,16 +178,20 @@ def start_handler(gr, ui, ws, state):
             cfg, _ = form_config(dict(zip(names, v)), ws)
         except Exception as e:  # noqa: BLE001 - the CLI's line on the page
             return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False), gr.update()
-        state["job"] = job = TrainJob.start(cfg, cwd=ws.root)
+        try:
+            state["job"] = job = TrainJob.start(cfg, ws.root)
+        except Exception as e:  # noqa: BLE001 - e.g. a value the settings file cannot carry: the line, no job
+            return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False), gr.update()
         return (box(t("started: {command}", command=job.command), "info"), t("starting..."), "",
-                gr.Timer(active=True), preview(cfg))
+                gr.Timer(active=True), preview(cfg, job.argv[job.argv.index("--config") + 1]))
 
     return on_start
 
 
 def settings_handlers(ui, ws):
-    """Preview, save and load: the form as `roctune train` flags and YAML, a YAML file in the workspace back into
-    the form. Saving never replaces a file; loading checks the file as `roctune train --config` does."""
+    """Preview, save and load: the form as `roctune train --config` and its YAML, a YAML file in the workspace back
+    into the form. Settings are saved as <root>/settings/NAME.yaml only (Workspace.settings_file: never a .py file
+    beside the code), never over an existing file; loading checks the file as `roctune train --config` does."""
     names = list(ui.fields)
 
     @guard("train", 2)
@@ -196,23 +202,27 @@ def settings_handlers(ui, ws):
     @guard("train", 2)
     def on_save(path, *v):
         from roctune.errors import ConfigError
-        from roctune.rundir import atomic_write_text
 
         cfg, _ = fill_config(dict(zip(names, v)), ws)
-        real = ws.path(path, "settings file", write=True)
-        if os.path.lexists(real):
+        real = ws.settings_file(path, write=True)
+        text = settings_yaml(cfg)
+        try:
+            with open(real, "x", encoding="utf-8") as f:  # "x": never over an existing file, even one made just now
+                f.write(text)
+        except FileExistsError:
             raise ConfigError(f"settings file {path}: already exists; choose another name (the page never "
-                              "replaces a file)")
-        atomic_write_text(real, settings_yaml(cfg))
-        return box(t("settings saved to {path}", path=real), "ok"), preview(cfg)
+                              "replaces a file)") from None
+        return (box(t("settings saved to {path}", path=real), "ok"),
+                preview(cfg, os.path.relpath(real, ws.root)))
 
     @guard("train", 2 + len(names))
     def on_load(path):
         from roctune import config
 
-        real = ws.path(path, "--config")
+        real = ws.settings_file(path)
         cfg = config.apply(config.TrainConfig(), config.load_yaml(real), real)
-        return (box(t("settings loaded from {path}", path=real), "ok"), preview(cfg), *form_values(cfg, names))
+        return (box(t("settings loaded from {path}", path=real), "ok"), preview(cfg, os.path.relpath(real, ws.root)),
+                *form_values(cfg, names))
 
     return on_preview, on_save, on_load
 

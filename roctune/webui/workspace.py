@@ -9,11 +9,13 @@ leads to is checked too: the files a LLaMA-Factory `dataset_info.json` names, an
 run.yaml names. A hub id (org/name) is looked up only in the hub cache, never as a folder beside the server.
 
 The page never runs a model's own Python code unless the server was started with `--trust-remote-code`, and
-uploads are data files only (no `.py`), so nothing the page writes can become importable code.
+uploads are data files only (no `.py`) and saved settings are `settings/NAME.yaml` only, so nothing the page
+writes can become importable code (and the page's training runs with `python -P` outside the workspace anyway).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from roctune.errors import ConfigError
@@ -21,6 +23,9 @@ from roctune.webui.i18n import t
 
 
 UPLOAD_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet", ".pq")
+SETTINGS_FOLDER, SETTINGS_SUFFIX = "settings", ".yaml"  # where "Save settings" writes: settings/NAME.yaml
+# a settings name: letters, digits, _ and - (no dots, no slashes): it can only ever name settings/NAME.yaml
+SETTINGS_NAME = re.compile(r"[^\W][\w-]*")
 
 
 class Workspace:
@@ -45,6 +50,8 @@ class Workspace:
         text = (text or "").strip()
         if not text:
             raise ConfigError(f"{what}: no path given")
+        if "\0" in text:  # no file name holds one; os.path would raise ValueError
+            raise ConfigError(f"{what} {text!r}: a path cannot contain a NUL character")
         real = os.path.realpath(os.path.join(self.root, os.path.expanduser(text)))
         if not self.contains(real):
             raise ConfigError(t("{what} {path}: outside the workspace {root}; the web UI reads and writes only "
@@ -52,6 +59,28 @@ class Workspace:
                                 path=text, root=self.root))
         if write and real == self.root:
             raise ConfigError(f"{what} {text}: is the workspace {self.root} itself; choose a folder inside it")
+        return real
+
+    def settings_file(self, name: str, write: bool = False) -> str:
+        """A settings file of the page: NAME or NAME.yaml is <root>/settings/NAME.yaml (the folder is made when
+        saving). Any other name is refused, so "Save settings" never writes a .py file or leaves that folder. For
+        loading, a workspace path (with a slash, e.g. ./train.yaml) is read too."""
+        text = (name or "").strip()
+        stem = text[:-len(SETTINGS_SUFFIX)] if text.endswith(SETTINGS_SUFFIX) else text
+        if not SETTINGS_NAME.fullmatch(stem):
+            if not write and "/" in text:
+                return self.path(text, "--config")
+            raise ConfigError(t("settings file {name}: a settings name is letters, digits, _ and - (saved as "
+                                "{folder}/NAME{suffix} in the workspace); choose another name", name=repr(text),
+                                folder=SETTINGS_FOLDER, suffix=SETTINGS_SUFFIX))
+        real = self.path(os.path.join(SETTINGS_FOLDER, stem + SETTINGS_SUFFIX), "settings file", write=write)
+        folder = os.path.dirname(real)
+        if write and not os.path.isdir(folder):
+            if os.path.lexists(folder):
+                raise ConfigError(f"settings file: {folder} is not a folder; move it away so the page can keep "
+                                  "its settings there")
+            os.makedirs(folder)
+            real = self.path(os.path.join(SETTINGS_FOLDER, stem + SETTINGS_SUFFIX), "settings file", write=True)
         return real
 
     def data(self, specs: list[str], what: str = "--data") -> list[str]:
@@ -65,13 +94,19 @@ class Workspace:
             else:
                 resolved = base = self.path(spec, what)
             if os.path.isdir(base):
-                self._check_sources(resolved, spec, what)
+                self._check_sources(base, resolved, spec, what)
             out.append(resolved)
         return out
 
-    def _check_sources(self, resolved: str, spec: str, what: str) -> None:
-        """Every file a data directory's dataset_info.json names must lie inside the root too."""
+    def _check_sources(self, base: str, resolved: str, spec: str, what: str) -> None:
+        """The folder's dataset_info.json (a symlink out of the root is not read at all: its keys would be echoed)
+        and every file it names must lie inside the root too."""
         from roctune.data.sources import resolve_sources
+
+        info = os.path.join(base, "dataset_info.json")
+        if os.path.lexists(info) and not self.contains(os.path.realpath(info)):
+            raise ConfigError(f"{what} {spec}: its dataset_info.json leads to {os.path.realpath(info)}, outside the "
+                              f"workspace {self.root}; the web UI reads only inside it (copy the file into the folder)")
 
         for src in resolve_sources(resolved):
             if not self.contains(os.path.realpath(src.path)):
