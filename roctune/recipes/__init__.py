@@ -39,6 +39,11 @@ def prepare(cfg, check_output: bool = True):
             find_python()
     base_model = resolve_model(methods.start_model_name(cfg))
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
+    if cfg.sequence_parallel > 1:  # the model's heads and attention, from its config.json
+        from roctune.memory.configs import load_config
+        from roctune.training import sequence_parallel
+
+        sequence_parallel.check(cfg, load_config(base_model))
     if check_output:
         rundir.check_new_output(cfg.output, cfg.resume, cfg.overwrite)
         if cfg.resume:
