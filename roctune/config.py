@@ -26,6 +26,7 @@ STAGES = ("sft", "dpo", "grpo")
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
+TRUNCATIONS = ("right", "left", "split")  # roctune.data.render.truncate
 ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # transformers' rope_type names (modeling_rope_utils)
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
@@ -273,6 +274,11 @@ class TrainConfig:
                                      "attention heads); N divides --nproc x --nnodes and the model's heads; the "
                                      "other factor is data parallelism (sft)", ge=1, metavar="N", group="processes",
                 zh=("序列并行", "把每个样本的 token 分到 N 个进程（Ulysses：按注意力头做 all-to-all）；N 须整除进程总数和模型的头数；剩下的倍数是数据并行（sft）"))
+    truncation: str = setting("right", "an example longer than --max-length: right cuts its end, left its start "
+                              "(keeps the latest turns), split makes it several examples of --max-length tokens "
+                              "(documents, long answers; the prompt is not repeated) (sft)", choices=TRUNCATIONS,
+                              group="data",
+                zh=("截断方式", "超过最大长度的样本：right 截掉结尾，left 截掉开头（保留最近几轮），split 切成多个最大长度的样本（文档、长回答；不重复提示词）（sft）"))
     rope_scaling: str = setting("", "stretch the rotary positions past the model's native context, TYPE:FACTOR "
                                 f"with TYPE one of {', '.join(ROPE_TYPES)} (e.g. yarn:4); kept in run.yaml and the "
                                 "merged/exported model", metavar="TYPE:FACTOR", group="data",
@@ -331,6 +337,11 @@ class TrainConfig:
         """--sequence-parallel and --rope-scaling against the other settings (the model's heads and context are
         checked before it loads, in roctune.training.sequence_parallel and roctune.models)."""
         rope_scaling_parts(self.rope_scaling)
+        if self.truncation != "right" and self.stage != "sft":
+            raise ConfigError(f"--truncation {self.truncation} is for --stage sft; {self.stage} keeps prompts and "
+                              "answers whole (use --truncation right)")
+        if self.truncation == "split" and self.max_length < 2:
+            raise ConfigError("--truncation split needs --max-length 2 or more (windows overlap by one token)")
         p, world = self.sequence_parallel, self.nproc * self.nnodes
         if p == 1:
             return

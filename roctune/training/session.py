@@ -64,6 +64,11 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     if dist.is_main:
         for what in ("device", "dtype", "attn"):
             say(f"{'attention' if what == 'attn' else what}: {getattr(setup, what)} ({setup.reasons[what]})")
+        from roctune.models import context_warning
+
+        warning = context_warning(base_model, cfg.max_length, cfg.rope_scaling)
+        if warning:
+            say(warning)
     import torch
 
     torch.manual_seed(cfg.seed)
