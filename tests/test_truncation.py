@@ -91,3 +91,23 @@ def test_data_check_reports_lengths_against_max_length(tokenizer, tmp_path, caps
     out = capsys.readouterr().out
     assert "truncates 2 example(s) (50.0%" in out and "--truncation split would make" in out
     assert json.loads(json.dumps(tok)) == tok
+
+
+def test_train_form_has_the_long_sequence_settings(tmp_path):
+    """The length, truncation, rope scaling and sequence-parallel settings are on the web UI's Train form (generated
+    from roctune.config) and reach the `roctune train` command line the page runs; multi-node settings are not."""
+    from roctune.config import to_flags
+    from roctune.webui.train_form import fill_config, form_specs
+    from roctune.webui.workspace import Workspace
+
+    names = [s["name"] for s in form_specs()]
+    for name in ("max_length", "truncation", "rope_scaling", "sequence_parallel", "nproc"):
+        assert name in names, name
+    assert not {"nnodes", "node_rank", "master_addr", "master_port"} & set(names)
+    write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    cfg, _ = fill_config({"data": ["a.jsonl"], "output": "runs/x", "max_length": 4096, "truncation": "split",
+                          "rope_scaling": "yarn:2", "nproc": 2, "sequence_parallel": 2}, Workspace(str(tmp_path)))
+    flags = to_flags(cfg)
+    for f in ("--max-length=4096", "--truncation=split", "--rope-scaling=yarn:2", "--nproc=2",
+              "--sequence-parallel=2"):
+        assert f in flags, flags
