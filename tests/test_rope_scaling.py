@@ -1,6 +1,6 @@
 """Long-context models: a warning with the fix when --max-length passes the model's context, --rope-scaling
 TYPE:FACTOR applied at load and kept in run.yaml, and the same positions after training: the merged model's
-config.json, the GGUF's rope scaling keys (read with the `gguf` package) and llama.cpp's logits past the native
+config.json, the server's base model, the GGUF's rope scaling keys (read with the `gguf` package) and llama.cpp's logits past the native
 context all agree with the adapter-applied model."""
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ def test_yarn_run_merge_and_gguf_use_the_same_positions(short_model, tmp_path):
     from roctune.export import export, llamacpp
     from roctune.generate import load_for_inference
     from roctune.merge import merge
+    from roctune.serve import build_engine
+    from roctune.serve.errors import ApiError
 
     run = str(tmp_path / "run")
     cfg = TrainConfig(model=short_model, data=[_data(tmp_path / "long.jsonl")], output=run, max_steps=2,
@@ -108,6 +110,12 @@ def test_yarn_run_merge_and_gguf_use_the_same_positions(short_model, tmp_path):
         got = merged(ids).logits[0].float()
         unscaled = plain(ids).logits[0].float()
     assert float((got - adapted).abs().max()) < 1e-3
+    served = build_engine(short_model, [("yarn", run)], device="cpu", dtype="fp32")  # the base takes the run's rope
+    served.stack.peft.set_adapter("yarn")
+    with torch.no_grad():
+        assert float((served.stack.peft(ids).logits[0] - adapted).abs().max()) < 1e-4
+    with pytest.raises(ApiError, match="--rope-scaling yarn:4"):  # a base without it refuses the run
+        build_engine(short_model, [], device="cpu", dtype="fp32").load_adapter("yarn", run)
     # the positions matter here: the base model's own (unscaled) rope gives other logits past the native context
     assert float((unscaled[-1] - got[-1]).abs().max()) > 100 * float((got[-1] - adapted[-1]).abs().max())
 
