@@ -140,14 +140,19 @@ def make_attention(group, size: int, inner: str):
     return ulysses_attention
 
 
+def check_kernel(attn: str) -> None:
+    """The attention kernel chosen for this run must work without a mask (before the model loads)."""
+    if attn not in INNER_KERNELS:
+        raise ConfigError(f"--sequence-parallel needs --attn sdpa or flash_attention_2 (not {attn}): eager "
+                          "attention builds its causal mask for the local tokens only")
+
+
 def install(model, group, size: int, attn: str) -> None:
     """Make every attention layer of `model` (a transformers model, or a peft wrapper of one) run Ulysses over
     `group`, with the kernel `attn` inside. Registered under one name per process (one group per process)."""
     from transformers import AttentionInterface
 
-    if attn not in INNER_KERNELS:
-        raise ConfigError(f"--sequence-parallel needs --attn sdpa or flash_attention_2 (not {attn}): eager "
-                          "attention builds its causal mask for the local tokens only")
+    check_kernel(attn)
     AttentionInterface.register(ATTENTION_NAME, make_attention(group, size, attn))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation(ATTENTION_NAME)
