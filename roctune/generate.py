@@ -52,9 +52,9 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
 
         if rundir.method(adapter) == "qlora" and bitsandbytes_problem(dev) is None:
             # answer with the model as trained (4-bit base + adapter), as `roctune merge` also checks against
-            m = load_4bit(base, dt, dev, attn, trust_remote_code)
+            m = load_4bit(base, dt, dev, attn, trust_remote_code, rundir.rope_scaling(adapter))
     if m is None:
-        m = load_model(base, dt, dev, attn, trust_remote_code)
+        m = load_model(base, dt, dev, attn, trust_remote_code, rundir.rope_scaling(adapter))
     if adapter is not None:
         from peft import PeftModel
 

@@ -121,7 +121,7 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
     if problem:
         raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
     attn = fit_attention(Choice("sdpa", "the CPU's kernel"), "auto", base_model).value
-    base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code)
+    base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code, rundir.rope_scaling(adapter))
     model = PeftModel.from_pretrained(base4, adapter)
     model.eval()
     with torch.no_grad():

@@ -219,17 +219,21 @@ def qlora_config(dtype: str):
                               bnb_4bit_compute_dtype=torch_dtype(dtype), bnb_4bit_quant_storage="uint8")
 
 
-def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False):
+def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False,
+              rope_scaling: str = ""):
     """Load a causal LM with 4-bit NF4 linear weights (double quantization) computing in `dtype`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from roctune.hardware import torch_dtype
+    from roctune.models import scaled_config
 
     where = "cpu" if device == "cpu" else torch.cuda.current_device()
+    config = scaled_config(path, rope_scaling, trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-        quantization_config=qlora_config(dtype), device_map={"": where})
+        quantization_config=qlora_config(dtype), device_map={"": where},
+        **({"config": config} if config is not None else {}))
     if device == "cpu":
         # bitsandbytes repacks 4-bit weights on the first no-grad forward on CPUs with AVX512-BF16, for a
         # kernel that comes from the separate `kernels` package; without that package the repacked path
@@ -290,9 +294,10 @@ def build_model(cfg, setup, base_model: str, log=print):
 
     if cfg.method == "qlora":
         log(f"qlora: base weights in 4-bit NF4 (double quantization), computing in {setup.dtype}")
-        model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code)
+        model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code,
+                          cfg.rope_scaling)
         return attach_lora(model, cfg)
-    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code)
+    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code, cfg.rope_scaling)
     if cfg.method == "lora":
         return attach_lora(model, cfg)
     if cfg.method == "freeze":

@@ -166,9 +166,72 @@ def _family_pad(tokenizer, path: str) -> None:
             return
 
 
+def native_context(config) -> int | None:
+    """The context a model was trained for: max_position_embeddings, or the original one of a model whose rope is
+    already scaled (Llama 3.1's 8192 under its 131072)."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    rope = get("rope_parameters") or get("rope_scaling") or {}
+    return rope.get("original_max_position_embeddings") or get("max_position_embeddings")
+
+
+def scaled_config(path: str, rope_scaling: str, trust_remote_code: bool = False):
+    """The model's transformers config with --rope-scaling TYPE:FACTOR applied (transformers' rope_parameters: the
+    type, the factor and the native context it stretches, which yarn, dynamic and llama3 compute from), and
+    max_position_embeddings multiplied by the factor; None when `rope_scaling` is empty. A model whose rope is
+    already scaled is refused: stacking two scalings is not what either was trained for."""
+    from transformers import AutoConfig
+
+    from roctune.config import rope_scaling_parts
+
+    parts = rope_scaling_parts(rope_scaling)
+    if parts is None:
+        return None
+    kind, factor = parts
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    text = config.get_text_config()
+    rope = dict(getattr(text, "rope_parameters", None) or {})
+    if rope.get("rope_type", "default") != "default":
+        raise ModelError(f"--rope-scaling {rope_scaling}: {path} already scales its rope ({rope['rope_type']}, "
+                         "see its config.json); drop --rope-scaling")
+    native = text.max_position_embeddings
+    rope.update(rope_type=kind, factor=factor, original_max_position_embeddings=native)
+    if kind == "llama3":  # Llama 3.1's published band edges
+        rope.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    text.rope_parameters = rope
+    text.max_position_embeddings = int(native * factor)
+    return config
+
+
+def context_warning(model_dir: str, max_length: int, rope_scaling: str) -> str | None:
+    """A warning when --max-length passes the context the model's positions cover (its max_position_embeddings,
+    times the --rope-scaling factor), with the fix; None when it fits or the config cannot be read."""
+    import math
+
+    from roctune.config import rope_scaling_parts
+    from roctune.memory.configs import load_config
+
+    try:
+        config = load_config(model_dir)
+    except Exception:  # noqa: BLE001 - the model load reports an unreadable config with its own message
+        return None
+    config = config.get("text_config") or config
+    native, covered = native_context(config), config.get("max_position_embeddings")
+    parts = rope_scaling_parts(rope_scaling)
+    if parts and native:
+        covered = int(native * parts[1])
+    if not covered or max_length <= covered:
+        return None
+    fix = (f"raise the factor (--rope-scaling {parts[0]}:{math.ceil(max_length / native)})" if parts else
+           f"add --rope-scaling yarn:{math.ceil(max_length / native)} (or linear, dynamic, llama3)")
+    return (f"warning: --max-length {max_length} exceeds the {covered} positions this model covers "
+            f"(max_position_embeddings{', scaled' if parts else ''}); tokens past it get positions it never "
+            f"trained on: {fix}, or lower --max-length")
+
+
 def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = "sdpa",
-               trust_remote_code: bool = False):
-    """Load a causal LM onto `device` in `dtype` with the given attention implementation."""
+               trust_remote_code: bool = False, rope_scaling: str = ""):
+    """Load a causal LM onto `device` in `dtype` with the given attention implementation (and --rope-scaling's
+    positions, see `scaled_config`)."""
     from transformers import AutoModelForCausalLM
 
     from transformers.utils import logging as hf_logging
@@ -177,9 +240,10 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
 
     hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
     try:
+        config = scaled_config(path, rope_scaling, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-        )
+            **({"config": config} if config is not None else {}))
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise ModelError(f"{path}: this model needs its repository's own code; rerun with "

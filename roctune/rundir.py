@@ -425,6 +425,14 @@ def tool_format(run_dir: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def rope_scaling(run_dir: str | None) -> str:
+    """The --rope-scaling a run trained with ("" for none, or for a folder that is not a run): every consumer
+    (chat, merge, export, serve) loads the base model with the same positions."""
+    if run_dir and is_run_dir(run_dir):
+        return str(read_run(run_dir)["config"].get("rope_scaling") or "")
+    return ""
+
+
 def method(run_dir: str) -> str:
     """The method a run directory was trained with ("lora" when unknown)."""
     if is_run_dir(run_dir):

@@ -139,9 +139,13 @@ def _print_check(report: dict) -> None:
             con.print(f"  {escape(ex)}", soft_wrap=True)
     tok = report["tokens"]
     if tok:
-        line = f"tokens per example: p50 {tok['p50']}, p95 {tok['p95']}, max {tok['max']}, mean {tok['mean']}"
+        line = (f"tokens per example: p50 {tok['p50']}, p90 {tok['p90']}, p95 {tok['p95']}, p99 {tok['p99']}, "
+                f"max {tok['max']}, mean {tok['mean']}")
         if tok["max_length"]:
-            line += f"; --max-length {tok['max_length']} truncates {tok['truncated']} example(s)"
+            line += (f"; --max-length {tok['max_length']} truncates {tok['truncated']} example(s) "
+                     f"({100 * tok['truncated_share']:.1f}%, {tok['tokens_cut']:,} tokens cut = "
+                     f"{100 * tok['tokens_cut_share']:.1f}%); --truncation split would make "
+                     f"{tok['split_examples']:,} examples of them")
         con.print(line)
     con.print("[bold red]schema errors: exit 1[/]" if errs["count"] else "[green]no schema errors[/]")
 

@@ -176,9 +176,18 @@ def _token_stats(lengths: array.array, max_length: int | None) -> dict:
     import numpy as np
 
     lens = np.frombuffer(lengths, dtype=np.int64)
-    return {"p50": int(np.percentile(lens, 50)), "p95": int(np.percentile(lens, 95)),
-            "max": int(lens.max()), "mean": round(float(lens.mean()), 1), "max_length": max_length,
-            "truncated": int((lens > max_length).sum()) if max_length else None}
+    out = {f"p{q}": int(np.percentile(lens, q)) for q in (50, 90, 95, 99)}
+    out.update({"max": int(lens.max()), "mean": round(float(lens.mean()), 1), "max_length": max_length,
+                "truncated": int((lens > max_length).sum()) if max_length else None})
+    if max_length:
+        # against --max-length: the share that exceeds it, the tokens --truncation right/left would drop, and the
+        # examples --truncation split would make (windows of max_length overlapping by one token)
+        over = np.maximum(lens - max_length, 0)
+        out.update({"truncated_share": round(float((lens > max_length).mean()), 4),
+                    "tokens_cut": int(over.sum()), "tokens_cut_share": round(float(over.sum() / max(1, lens.sum())), 4),
+                    "split_examples": int(np.where(lens > max_length,
+                                                   np.ceil((lens - 1) / max(1, max_length - 1)), 1).sum())})
+    return out
 
 
 def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=None,

@@ -52,10 +52,12 @@ class RenderOptions:
 
     learn_reasoning: bool = True
     empty_think: str = "learn"
+    truncation: str = "right"  # what --max-length does to a longer example (see `truncate`)
 
     @classmethod
     def from_config(cls, cfg) -> "RenderOptions":
-        return cls(getattr(cfg, "learn_reasoning", True), getattr(cfg, "empty_think", "learn"))
+        return cls(getattr(cfg, "learn_reasoning", True), getattr(cfg, "empty_think", "learn"),
+                   getattr(cfg, "truncation", "right"))
 
 
 def ensure_chat_template(tokenizer) -> None:
@@ -298,8 +300,26 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_length: int | Non
         ids += seg_ids
         labels += list(seg_ids) if learned else [-100] * len(seg_ids)
     if max_length is not None and len(ids) > max_length:
-        ids, labels = ids[:max_length], labels[:max_length]
+        ids, labels = truncate(ids, labels, max_length, options.truncation if options else "right")[0]
     return ids, labels
+
+
+def truncate(ids: list[int], labels: list[int], max_length: int, how: str) -> list[tuple[list[int], list[int]]]:
+    """An example longer than `max_length` as one or several of at most `max_length` tokens (--truncation):
+    - right: its first max_length tokens (the end is cut);
+    - left: its last max_length tokens (the start is cut: the latest turns of a long chat stay);
+    - split: consecutive windows of max_length tokens, each starting with the last token of the one before, so
+      every token is learned exactly once (a window's first token is context only). The prompt is not repeated
+      in later windows: split is for documents and long single answers (pretraining-like text), where a window
+      learns the text from the text before it; masked (prompt) tokens stay masked in whichever window they fall."""
+    if len(ids) <= max_length:
+        return [(ids, labels)]
+    if how == "left":
+        return [(ids[-max_length:], labels[-max_length:])]
+    if how == "split":
+        step = max_length - 1
+        return [(ids[s:s + max_length], labels[s:s + max_length]) for s in range(0, len(ids) - 1, step)]
+    return [(ids[:max_length], labels[:max_length])]
 
 
 @dataclass
@@ -317,13 +337,17 @@ class Tokenized:
 
 def iter_tokenized(tokenizer, records: Iterable[Record], max_length: int,
                    options: RenderOptions | None = None) -> Iterator[Tokenized | None]:
-    """Each record tokenized, in order; None for one whose answer truncation cut off entirely (it is dropped)."""
+    """Each record tokenized, in order (with --truncation split a long one becomes several examples, see `truncate`);
+    None for one whose answer truncation cut off entirely (it is dropped)."""
+    split = options is not None and options.truncation == "split"
     for r in records:
-        ids, labels = tokenize_conversation(tokenizer, r.messages, max_length, r.source, r.tools, options)
-        if all(x == -100 for x in labels[1:]):  # the first label is never predicted
+        ids, labels = tokenize_conversation(tokenizer, r.messages, None if split else max_length, r.source, r.tools,
+                                            options)
+        parts = truncate(ids, labels, max_length, "split") if split else [(ids, labels)]
+        kept = [Tokenized(i, lab, r.source) for i, lab in parts if any(x != -100 for x in lab[1:])]
+        if not kept:  # the first label is never predicted
             yield None
-        else:
-            yield Tokenized(ids, labels, r.source)
+        yield from kept
 
 
 def tokenize_records(tokenizer, records: Iterable[Record], max_length: int,

@@ -73,12 +73,32 @@ def _llama3_factors(cfg: dict):
 
 
 def _linear_rope(w, cfg: dict) -> None:
+    """The rope scaling keys llama.cpp reads ({arch}.rope.scaling.*): linear (positions divided by the factor) and
+    yarn (the factor and the native context it stretches; llama.cpp's defaults for the rest - beta_fast 32,
+    beta_slow 1, attention factor 0.1 ln(factor) + 1 - are transformers' defaults, which `roctune train
+    --rope-scaling yarn:F` leaves as they are)."""
     import gguf
 
     rope = rope_params(cfg)
     if rope["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(rope["factor"]))
+    elif rope["rope_type"] == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rope["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+
+
+def _yarn_refuse(cfg: dict) -> str | None:
+    """A yarn rope with settings llama.cpp does not read the same way (it takes only factor and context here)."""
+    rope = rope_params(cfg)
+    if rope["rope_type"] != "yarn":
+        return None
+    odd = [k for k, default in (("beta_fast", 32), ("beta_slow", 1), ("mscale", None), ("mscale_all_dim", None),
+                                ("attention_factor", None)) if rope.get(k) not in (None, default)]
+    if odd or rope.get("truncate") is False:
+        return f"a yarn rope with {', '.join(odd) or 'truncate false'} set (llama.cpp would use its defaults)"
+    return None
 
 
 def _experts(w, cfg: dict) -> None:
@@ -195,8 +215,8 @@ def _phi3_extra(cfg: dict):
 
 # ---------------------------------------------------------------------------------------------- the table
 SPECS = {
-    "llama": Spec(keys=_linear_rope, extra=_llama3_factors,
-                  rope_types=("default", "llama3", "linear")),
+    "llama": Spec(keys=_linear_rope, extra=_llama3_factors, refuse=_yarn_refuse,
+                  rope_types=("default", "llama3", "linear", "yarn")),
     "mistral": Spec(keys=_linear_rope, rope_types=("default", "linear")),
     "mixtral": Spec(keys=_mixtral_keys, rope_types=("default", "linear")),
     "granite": Spec(keys=_granite_keys, rope_types=("default", "linear")),

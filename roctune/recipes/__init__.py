@@ -39,6 +39,15 @@ def prepare(cfg, check_output: bool = True):
             find_python()
     base_model = resolve_model(methods.start_model_name(cfg))
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
+    if cfg.rope_scaling:  # a model whose rope is already scaled is refused here, from its config
+        from roctune.models import scaled_config
+
+        scaled_config(base_model, cfg.rope_scaling, cfg.trust_remote_code)
+    if cfg.sequence_parallel > 1:  # the model's heads and attention, from its config.json
+        from roctune.memory.configs import load_config
+        from roctune.training import sequence_parallel
+
+        sequence_parallel.check(cfg, load_config(base_model))
     if check_output:
         rundir.check_new_output(cfg.output, cfg.resume, cfg.overwrite)
         if cfg.resume:
@@ -51,6 +60,7 @@ def prepare(cfg, check_output: bool = True):
 # change (a larger --max-steps continues a finished run).
 RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
                 "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
+                "rope_scaling", "truncation",
                 "seed", "batch_size", "grad_accum", "num_generations")
 
 

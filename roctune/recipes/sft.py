@@ -2,10 +2,12 @@
 
 Every conversation is rendered with the model's chat template (roctune.data); labels are -100 on every prompt
 token, so only the answers (with their end-of-turn token) are learned. The loss of a step is the mean token
-cross-entropy over all its supervised tokens."""
+cross-entropy over all its supervised tokens. With --sequence-parallel each process of a sequence group
+computes the loss of its slice of every batch's tokens (roctune.training.sequence_parallel); the slices' sums add
+up to the batch's."""
 from __future__ import annotations
 
-from roctune.training import loop, session
+from roctune.training import loop, sequence_parallel, session
 from roctune.training.batching import collate, supervised_count
 from roctune.training.losses import token_loss_sum
 
@@ -25,8 +27,12 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                                  partial(iter_tokenized, options=options)))
     n_tok = sum(len(e.input_ids) for e in train_ex)
     session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
+    if dist.sp_size > 1:  # before the model loads
+        sequence_parallel.check_kernel(setup.attn)
     session.phase(cfg, dist, "loading")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
+    if dist.sp_size > 1:
+        sequence_parallel.install(model, dist.sp_group, dist.sp_size, setup.attn)
     session.open_output(cfg, dist)
 
     pad_id = tokenizer.pad_token_id
@@ -34,14 +40,18 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     head = plan.head if cfg.loss_on_supervised_only and not (cfg.fsdp and dist.enabled) else None
 
     def batch(items):
-        return collate(items, pad_id, setup.packed, setup.device)
+        b = collate(items, pad_id, setup.packed, setup.device)
+        return sequence_parallel.shard(b, dist.sp_rank, dist.sp_size, pad_id) if dist.sp_size > 1 else b
+
+    def eval_sums(model, items):
+        b = batch(items)  # n: this process's supervised tokens (a sequence group's add up to the batch's)
+        return {"loss": float(token_loss_sum(model, b, head)), "n": b.n_supervised}
 
     task = loop.Task(
         items=train_ex, eval_items=eval_ex, lengths=[len(e.input_ids) for e in train_ex],
         loss_sum=lambda model, items: (token_loss_sum(model, batch(items), head), {}),
         weight=lambda e: supervised_count(e.labels), tokens=lambda e: len(e.input_ids), norm_name="supervised_tokens",
-        eval_sums=lambda model, items: {"loss": float(token_loss_sum(model, batch(items), head)),
-                                        "n": sum(supervised_count(e.labels) for e in items)},
+        eval_sums=eval_sums,
         eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6)})
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
                               save=lambda m: session.save_final(cfg, m, tokenizer, dist))

@@ -92,10 +92,11 @@ class Adapter:
 class AdapterStack:
     """The base model and the adapters loaded on it. Not thread-safe: the engine's worker owns it."""
 
-    def __init__(self, base, base_id: str, base_path: str):
+    def __init__(self, base, base_id: str, base_path: str, rope_scaling: str = ""):
         self.base = base
         self.base_id = base_id
         self.base_path = base_path
+        self.rope_scaling = rope_scaling  # the base's --rope-scaling: an adapter must have trained with the same
         self.peft = None  # the PeftModel wrapping self.base once an adapter is loaded
         self.loaded: dict[str, Adapter] = {}
 
@@ -130,6 +131,10 @@ class AdapterStack:
 
         if not rundir.is_run_dir(path):
             return
+        if rundir.rope_scaling(path) != self.rope_scaling:
+            raise bad_field("path", f"{path}: trained with --rope-scaling {rundir.rope_scaling(path) or 'none'} but "
+                            f"this server's base runs with {self.rope_scaling or 'none'}; serve it from a server "
+                            "started with it (roctune serve --adapter)")
         try:
             trained_on = rundir.read_run(path).get("base_model")
             trained_path = resolve_model(trained_on)

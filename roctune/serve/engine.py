@@ -41,7 +41,8 @@ class Engine:
     changes run on the worker between batches."""
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
-                 batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024):
+                 batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024,
+                 rope_scaling: str = ""):
         from roctune.hardware import choose_attention, choose_device, choose_dtype
         from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
@@ -55,9 +56,9 @@ class Engine:
         if attn == "flash_attention_2":
             attn = "sdpa"  # left-padded batches with a KV cache: sdpa is the safe kernel everywhere
         self.tokenizer = load_tokenizer(self.base_path, trust_remote_code)
-        base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code)
+        base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code, rope_scaling)
         base.eval()
-        self.stack = AdapterStack(base, self.base_id, self.base_path)
+        self.stack = AdapterStack(base, self.base_id, self.base_path, rope_scaling)
         self.max_batch = max_batch
         self.batch_wait = batch_wait_ms / 1000.0
         self.max_queue = max_queue
@@ -347,8 +348,16 @@ class Engine:
 
 
 def build_engine(model: str | None, adapters: list[tuple[str, str]], **kw) -> Engine:
-    """Load the base model and the named adapters; raises RoctuneError naming the bad adapter."""
-    engine = Engine(model, **kw)
+    """Load the base model and the named adapters; raises RoctuneError naming the bad adapter. The base takes the
+    --rope-scaling the adapters were trained with (they must agree: one base serves them all)."""
+    from roctune import rundir
+
+    scalings = {rundir.rope_scaling(path) for _, path in adapters}
+    if len(scalings) > 1:
+        shown = ", ".join(sorted(s or "none" for s in scalings))
+        raise ModelError(f"--adapter: these runs were trained with different --rope-scaling ({shown}); serve them "
+                         "from separate servers")
+    engine = Engine(model, rope_scaling=scalings.pop() if scalings else "", **kw)
     for name, path in adapters:
         try:
             engine.load_adapter(name, path)

@@ -53,6 +53,9 @@ class Batch:
     position_ids: "object | None"
     n_tokens: int  # real (non-padding) tokens
     n_supervised: int  # predicted positions (labels[1:] != -100, per example)
+    # labels already hold each token's next token (labels[t] is the target of token t): a sequence-parallel shard,
+    # whose last token's target is the first token of the next rank's shard (roctune.training.sequence_parallel)
+    shifted: bool = False
 
 
 def supervised_count(labels: list[int]) -> int:

@@ -6,12 +6,16 @@ on GPUs (NCCL on NVIDIA, RCCL on ROCm, which PyTorch exposes under the same name
   gradients in buckets while backward is still running (overlapping communication with compute).
 - With --fsdp the model is sharded instead (`shard_model`, PyTorch's fully_shard): weights, gradients and
   optimizer state are split over the processes and gathered layer by layer.
+- With --sequence-parallel P the ranks are also cut into sequence groups of P consecutive ranks (`init` makes
+  them with `new_group`); the ranks of a group split each example's tokens (roctune.training.sequence_parallel)
+  and data parallelism is over the groups: `dp_rank`/`dp_size` say which group this is and how many there are.
 How the processes share the batches is described in roctune.training.loop.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from roctune.errors import ConfigError
 
@@ -25,10 +29,26 @@ class Context:
     local_rank: int = 0
     world_size: int = 1
     backend: str | None = None
+    sp_size: int = 1  # ranks that split one example (--sequence-parallel)
+    sp_group: Any = None  # this rank's sequence group (a torch.distributed group) when sp_size > 1
 
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel share of the batches this rank trains: its sequence group's number."""
+        return self.rank // self.sp_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // self.sp_size
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's place in its sequence group (which slice of the tokens it keeps)."""
+        return self.rank % self.sp_size
 
     @property
     def is_main(self) -> bool:
@@ -39,9 +59,10 @@ SINGLE = Context()
 
 
 # ------------------------------------------------------------------------------------- process group
-def init(device: str) -> Context:
+def init(device: str, sequence_parallel: int = 1) -> Context:
     """Join the process group when started by torchrun; a no-op (rank 0 of 1) otherwise.
-    On GPUs each process takes the GPU numbered by its local rank."""
+    On GPUs each process takes the GPU numbered by its local rank. `sequence_parallel` > 1 also makes the
+    sequence groups (every rank takes part in making every group, as new_group requires)."""
     from roctune.training.launch import launched_by_torchrun
 
     if not launched_by_torchrun() or int(os.environ["WORLD_SIZE"]) <= 1:
@@ -56,6 +77,14 @@ def init(device: str) -> Context:
     if not dist.is_initialized():
         kwargs = {"device_id": torch.device("cuda", ctx.local_rank)} if device == "cuda" else {}
         dist.init_process_group(ctx.backend, **kwargs)
+    if sequence_parallel > 1:
+        if ctx.world_size % sequence_parallel:
+            raise ConfigError(f"--sequence-parallel {sequence_parallel} does not divide the {ctx.world_size} "
+                              "processes; use a divisor of --nproc x --nnodes")
+        for start in range(0, ctx.world_size, sequence_parallel):
+            group = dist.new_group(list(range(start, start + sequence_parallel)))
+            if start <= ctx.rank < start + sequence_parallel:
+                ctx.sp_size, ctx.sp_group = sequence_parallel, group
     return ctx
 
 

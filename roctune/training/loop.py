@@ -15,6 +15,10 @@ Several processes (torchrun; see roctune.training.distributed):
   grad_accum x world_size accumulation. Only the last micro-batch of a step synchronises (`no_sync` before).
 - With --fsdp the model is sharded instead; FSDP reduce-scatters the gradients itself (same scaling).
 - Only rank 0 writes run.yaml, metrics.jsonl and checkpoints; the others wait at barriers.
+- With --sequence-parallel P, the P ranks of a sequence group split the tokens of the same micro-batches
+  (roctune.training.sequence_parallel): the plan is shared over the world_size / P groups (`dp_rank`, `dp_size`),
+  each rank's loss is the sum over its own tokens, and the same DDP sum over every rank gives the gradient of the
+  group's whole examples, summed over the groups. Token counts are taken from the first rank of each group.
 
 Best weights and early stopping. With --early-stopping-patience K or --load-best, every evaluation whose eval loss
 is the lowest so far (the Task's best_metric: GRPO keeps the highest eval reward) writes the trainable weights to DIR/best (a loadable adapter); K evaluations in a row without
@@ -117,7 +121,7 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
     evaluation keeps the trained model (summary["saved_final"] says whether it ran and still holds)."""
     import torch
 
-    steps, steps_per_epoch = plan_steps(task.lengths, cfg, dist.world_size)
+    steps, steps_per_epoch = plan_steps(task.lengths, cfg, dist.dp_size)
     # LoRA weights train in fp32 even when the base model is bf16/fp16 (stable updates, tiny cost).
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
@@ -128,7 +132,7 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         raise ConfigError(f"--resume: {cfg.output} has already trained {start} of the {len(steps)} steps these "
                           "settings plan; give a larger --max-steps or --epochs to continue it")
     if task.before_training:
-        mine = sorted({i for s in steps[start:] for mb in s[dist.rank::dist.world_size] for i in mb})
+        mine = sorted({i for s in steps[start:] for mb in s[dist.dp_rank::dist.dp_size] for i in mb})
         task.before_training(model, mine)
     if blob:  # weights go in before sharding; every rank got the same checkpoint from rank 0
         from peft import set_peft_model_state_dict
@@ -165,14 +169,17 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
 
 
 def _describe(cfg, setup: Setup, task: Task, dist: Context, total: int, say) -> None:
-    eff = cfg.batch_size * cfg.grad_accum * dist.world_size
-    procs = f" x {dist.world_size} processes" if dist.enabled else ""
+    eff = cfg.batch_size * cfg.grad_accum * dist.dp_size
+    procs = f" x {dist.dp_size} processes" if dist.dp_size > 1 else ""
     say(f"examples: {len(task.items)} train, {len(task.eval_items)} eval; {total} optimizer steps of {eff} examples "
         f"({cfg.batch_size} per micro-batch x {cfg.grad_accum} accumulation{procs}); "
         f"{'packed (padding-free)' if setup.packed else 'padded'} batches")
     if dist.enabled:
         how = "FSDP: sharded model" if cfg.fsdp else "DDP: a full model copy in each, gradients all-reduced"
         say(f"processes: {dist.world_size} ({dist.backend}; {how})")
+    if dist.sp_size > 1:
+        say(f"sequence parallel: {dist.dp_size} group(s) of {dist.sp_size} processes, each process keeps 1/"
+            f"{dist.sp_size} of every example's tokens (Ulysses all-to-all over attention heads)")
 
 
 class _State:
@@ -306,7 +313,7 @@ class _State:
         tokens over all ranks, the step's normaliser). An out-of-memory error drops the half-accumulated step
         and, with --auto-batch, retries it with half the micro-batch (the rollout is not redone)."""
         task, plan = self.task, self.steps[step]
-        mine = plan[self.dist.rank::self.dist.world_size] if self.dist.enabled else plan
+        mine = plan[self.dist.dp_rank::self.dist.dp_size]
         if task.rollout is not None:
             groups, fallback, norm = self.rollout(mine, plan, step)
         else:
@@ -369,7 +376,8 @@ class _State:
                 sums["loss"] += float(loss.detach())
                 for k, v in extra.items():
                     sums[k] += v
-                n_tok += sum(self.task.tokens(x) for x in items)
+                if self.dist.sp_rank == 0:  # a sequence group's ranks share its items
+                    n_tok += sum(self.task.tokens(x) for x in items)
         return sums, n_tok
 
     def recover(self, e: BaseException, step: int, say) -> None:
@@ -426,7 +434,8 @@ def peak_memory_gib(device: str) -> float:
 def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE,
              say=lambda *_: None) -> dict:
     """The task's eval metrics over its eval items; with several processes each takes every world_size-th batch
-    (FSDP passes SINGLE: every rank must run the same forward passes). A long evaluation reports its progress."""
+    (FSDP passes SINGLE: every rank must run the same forward passes; the ranks of a sequence group take the same
+    batches, and their sums add up to the batches'). A long evaluation reports its progress."""
     import torch
 
     from roctune.progress import counted
@@ -435,7 +444,7 @@ def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = d
     sums = {k: 0.0 for k in task.eval_names}
     items = task.eval_items
     with torch.no_grad():
-        starts = range(dist.rank * batch_size, len(items), batch_size * dist.world_size)
+        starts = range(dist.dp_rank * batch_size, len(items), batch_size * dist.dp_size)
         for s in counted(starts, "evaluating batch", say if dist.is_main else (lambda *_: None)):
             with autocast(setup):
                 part = task.eval_sums(model, items[s:s + batch_size])

@@ -114,25 +114,35 @@ def _hidden(model, batch):
                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
 
 
+def _predicting(batch, x):
+    """The positions of `x` ([B, T, ...]) that predict a label: all but the last token, or every token of a batch
+    whose labels are already shifted (Batch.shifted)."""
+    return x if batch.shifted else x[:, :-1]
+
+
+def _targets(batch):
+    """(targets, mask): each predicting position's next token and the mask of those that are learned."""
+    targets = batch.labels if batch.shifted else batch.labels[:, 1:]
+    return targets, targets != -100
+
+
 def supervised_logits(model, batch, head: Head | None):
     """(logits, targets, mask): the logits at the positions whose next token is learned, those tokens, and the
     [B, T-1] mask of those positions. `head` None: from the model's own forward (every position)."""
-    targets = batch.labels[:, 1:]
-    mask = targets != -100
+    targets, mask = _targets(batch)
     if head is not None:
-        logits = head.apply(_base(model).get_output_embeddings()(_hidden(model, batch)[:, :-1][mask]))
+        logits = head.apply(_base(model).get_output_embeddings()(_predicting(batch, _hidden(model, batch))[mask]))
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids, use_cache=False)
-        logits = out.logits[:, :-1][mask]
+        logits = _predicting(batch, out.logits)[mask]
     return logits, targets[mask], mask
 
 
 def _chunked_logprobs(model, batch, weight, head: Head):
     """(logp, mask) through `token_logprobs` with the frozen output layer `weight`."""
-    targets = batch.labels[:, 1:]
-    mask = targets != -100
-    return token_logprobs(_hidden(model, batch)[:, :-1][mask], weight, targets[mask], head), mask
+    targets, mask = _targets(batch)
+    return token_logprobs(_predicting(batch, _hidden(model, batch))[mask], weight, targets[mask], head), mask
 
 
 def supervised_logprobs(model, batch, head: Head | None):

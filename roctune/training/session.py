@@ -42,8 +42,9 @@ def choose(cfg, base_model: str) -> Setup:
     # Packing pays only with a variable-length kernel (flash-attn): SDPA and eager would attend over the whole
     # packed row (quadratic in its length, masked), which `roctune bench` measured slower on the CPU than
     # length-grouped right-padded batches on the causal fast path.
+    # Sequence parallelism cuts rows into token slices, which a packed row's restarting positions would not survive.
     packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
-                                     and cfg.batch_size > 1)
+                                     and cfg.batch_size > 1 and cfg.sequence_parallel == 1)
     return Setup(base_model, device.value, dtype.value, attn.value,
                  {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason}, packed)
 
@@ -59,10 +60,15 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
         if finding.level != "ok" and cfg.device != "cpu" and not finding.id.startswith("cpu"):
             say(f"warning: {finding.message}")
     setup = choose(cfg, base_model)
-    dist = distributed.init(setup.device)  # rank 0 of 1 unless started by torchrun
+    dist = distributed.init(setup.device, cfg.sequence_parallel)  # rank 0 of 1 unless started by torchrun
     if dist.is_main:
         for what in ("device", "dtype", "attn"):
             say(f"{'attention' if what == 'attn' else what}: {getattr(setup, what)} ({setup.reasons[what]})")
+        from roctune.models import context_warning
+
+        warning = context_warning(base_model, cfg.max_length, cfg.rope_scaling)
+        if warning:
+            say(warning)
     import torch
 
     torch.manual_seed(cfg.seed)
