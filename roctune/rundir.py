@@ -55,6 +55,7 @@ BEST_STATE = "best.json"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_DIR = "eval"
 STATUS_FILE = "status.json"
+COMPLETIONS_FILE = "completions.jsonl"  # GRPO's sampled completions (--completion-samples-steps)
 
 
 # ------------------------------------------------------------------------------------------ atomic writes
@@ -163,6 +164,29 @@ def remove_leftovers(run_dir: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- kinds
+def has_saved_state(run_dir: str) -> bool:
+    """Whether a run directory holds something a later command can use: a checkpoint, a best model, final weights."""
+    return bool(list_checkpoints(run_dir)) or os.path.isdir(best_dir(run_dir)) or has_adapter(run_dir) \
+        or is_full_model_dir(run_dir)
+
+
+def discard_unsaved_run(run_dir: str, made: bool) -> bool:
+    """After a new run failed before anything was saved: remove what it wrote (run.yaml, metrics, status...), which
+    no command can continue and which would make the same command refuse the folder as a previous run; the folder
+    too when the run made it. Entries roctune does not write are kept. True when it removed the run."""
+    if not os.path.isdir(run_dir) or has_saved_state(run_dir):
+        return False
+    foreign = set(foreign_entries(run_dir))
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        if name in foreign or name + "/" in foreign:
+            continue
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+    if made and not os.listdir(run_dir):
+        os.rmdir(run_dir)
+    return True
+
+
 def is_run_dir(path: str) -> bool:
     """A directory roctune's training wrote (it holds run.yaml)."""
     return os.path.isfile(os.path.join(path, RUN_FILE))
@@ -239,7 +263,7 @@ def check_output_file(path: str, what: str, overwrite: bool = False, inputs: tup
 # ------------------------------------------------------------------------------- claiming an output folder
 # What a run directory may hold: the files and folders train, eval and the trackers write there (and the
 # tokenizer/model files save_pretrained writes). --overwrite replaces only a folder these names fully describe.
-OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, "README.md",
+OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, COMPLETIONS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, "README.md",
              "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
              "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
              "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
@@ -499,9 +523,22 @@ def metrics_path(run_dir: str) -> str:
     return os.path.join(run_dir, METRICS_FILE)
 
 
+def json_line(row: dict, **kw: Any) -> str:
+    """One JSONL line that every JSON reader accepts: a NaN or infinite number (a diverged loss, a step no reward
+    scored) is written as null, not as Python's NaN/-Infinity, which are not JSON."""
+    def finite(v):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(finite(row), allow_nan=False, **kw) + "\n"
+
+
 def append_metrics(run_dir: str, row: dict) -> None:
     with open(metrics_path(run_dir), "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write(json_line(row))
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -534,7 +571,7 @@ def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
     if keep_until_step <= 0:
         os.unlink(path)
         return
-    keep = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r["step"] <= keep_until_step]
+    keep = [json_line(r) for r in read_metrics(run_dir) if r["step"] <= keep_until_step]
     atomic_write_text(path, "".join(keep))
 
 
@@ -557,10 +594,11 @@ def plot_loss(run_dir: str) -> None:
     rows = read_metrics(run_dir)
     key = "reward" if rows and all("reward" in r for r in rows) else "loss"
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}")
+    y = lambda r, k: float("nan") if r[k] is None else r[k]  # noqa: E731 - null: a non-finite value (json_line)
+    ax.plot([r["step"] for r in rows], [y(r, key) for r in rows], label=f"train {key}")
     ev = [r for r in rows if f"eval_{key}" in r]
     if ev:
-        ax.plot([r["step"] for r in ev], [r[f"eval_{key}"] for r in ev], "o-", label=f"eval {key}")
+        ax.plot([r["step"] for r in ev], [y(r, f"eval_{key}") for r in ev], "o-", label=f"eval {key}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward (higher is better)" if key == "reward" else "loss")
     ax.grid(alpha=0.3)

@@ -30,9 +30,10 @@ def prepare(cfg, check_output: bool = True):
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
     if cfg.stage == "grpo":  # the reward functions (and a --reward-file's import) before the model loads
-        from roctune.eval.rewards import build
+        from roctune.eval.rewards import build, check_columns
 
         build(cfg, cfg.reward_file)
+        check_columns(cfg, records + eval_records)
         if cfg.rollout_engine == "vllm":  # vLLM's python is found before the model loads
             from roctune.recipes.grpo_vllm import find_python
 
@@ -124,13 +125,16 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
     or failed (with the error). A run that ends before its first step (a refused --resume, a model that does not
     load) has changed nothing, and leaves nothing: the status.json that was there is put back, and a folder made
-    for it is removed again."""
+    for it is removed again. A new run that ends before it saved anything (a reward file failing at step 1) leaves
+    nothing either: it has no checkpoint to continue, and its run.yaml would make the same command refuse the
+    folder as "a previous run"."""
     import os
     import time
 
     from roctune import rundir
 
     made = not os.path.isdir(cfg.output)
+    fresh = made or not os.listdir(cfg.output)  # a new run (--overwrite builds one in a new staging folder)
     os.makedirs(cfg.output, exist_ok=True)
     path = rundir.status_path(cfg.output)
     previous = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
@@ -138,7 +142,9 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     try:
         summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
     except BaseException as e:
-        if (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading"):
+        if fresh and rundir.discard_unsaved_run(cfg.output, made):
+            pass  # nothing saved yet: nothing to continue, and the same command must start it again
+        elif (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading"):
             _put_back(cfg.output, previous, made)
         elif isinstance(e, KeyboardInterrupt):
             rundir.write_status(cfg.output, "stopped")
