@@ -95,6 +95,37 @@ def check_model_files(folder: str) -> None:
                              "again") from None
         if not isinstance(doc, dict):
             raise ModelError(f"{path}: expected a JSON object; the model folder is damaged: copy or download it again")
+    check_tokenizer_file(folder)
+    check_no_pickle_only(folder)
+
+
+def check_tokenizer_file(folder: str) -> None:
+    """tokenizer.json parses as a tokenizer, not only as JSON: a wrong structure is one line, not a KeyError from
+    inside transformers."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception for a malformed file
+        raise ModelError(f"{path}: not a valid tokenizer ({str(e)[:200]}); the model folder is damaged: copy or "
+                         "download it again") from None
+
+
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # torch.save files: loading one unpickles it
+
+
+def check_no_pickle_only(folder: str) -> None:
+    """A model folder whose weights exist only as pickle files (pytorch_model.bin) is refused before loading:
+    roctune never unpickles a file (it can run code), and torch's weights-only refusal is a long traceback."""
+    names = os.listdir(folder)
+    pickles = sorted(n for n in names if n.endswith(PICKLE_WEIGHTS) and not n.startswith("training_args"))
+    if pickles and not any(n.endswith(".safetensors") for n in names):
+        raise ModelError(f"{os.path.join(folder, pickles[0])}: the model's weights are a pickle file, which can run "
+                         "code when loaded, and roctune reads safetensors only: convert it where you trust it "
+                         "(e.g. model.save_pretrained(dir, safe_serialization=True)) or use a safetensors copy")
 
 
 def resolve_model(name: str | None) -> str:
@@ -188,6 +219,20 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
     finally:
         hf_logging.enable_progress_bar()
     return model.to(device)
+
+
+def load_adapter(model, adapter: str, **kwargs):
+    """PeftModel.from_pretrained(model, adapter, **kwargs), with an adapter made for another model (its
+    target_modules absent from this one) as one line instead of peft's traceback."""
+    from peft import PeftModel
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    try:
+        return PeftModel.from_pretrained(model, adapter, **kwargs)
+    except NoMatchingPeftModuleError:
+        raise ModelError(f"{adapter}/adapter_config.json: its target_modules are not modules of the base model "
+                         f"{getattr(model, 'name_or_path', '')}; the adapter was trained on another model: give that "
+                         "one with --model") from None
 
 
 def fit_attention(choice, requested: str, model_dir: str):

@@ -416,7 +416,9 @@ def read_run(run_dir: str) -> dict:
     path = os.path.join(run_dir, RUN_FILE)
     if not os.path.isfile(path):
         if has_adapter(run_dir):
-            return {"base_model": adapter_settings(run_dir).get("base_model_name_or_path"), "config": {}}
+            base = adapter_settings(run_dir).get("base_model_name_or_path")
+            _check_base_model(base, os.path.join(run_dir, ADAPTER_CONFIG), "base_model_name_or_path")
+            return {"base_model": base, "config": {}}
         raise RoctuneError(f"{run_dir}: not a roctune run or PEFT adapter directory (no {RUN_FILE} or {ADAPTER_CONFIG})")
     import yaml
 
@@ -427,8 +429,16 @@ def read_run(run_dir: str) -> dict:
         raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise RoctuneError(f"{path}: expected a mapping with base_model and config; restore it or train again")
+    _check_base_model(doc.get("base_model"), path, "base_model")
     doc.setdefault("config", {})
     return doc
+
+
+def _check_base_model(value, path: str, key: str) -> None:
+    """The base model a run names is one model name or folder (text), or absent."""
+    if value is not None and not isinstance(value, str):
+        raise RoctuneError(f"{path}: {key} must be one model name or folder (text), here it is a "
+                           f"{type(value).__name__}; restore it, or give the base model with --model")
 
 
 def base_model(run_dir: str) -> str | None:
