@@ -8,6 +8,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 
 from roctune.errors import ModelError
 
@@ -173,7 +175,8 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     from roctune.data.render import ensure_chat_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with refused_remote_code(path):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         _family_pad(tok, path)
     ensure_chat_template(tok)  # the EOS pads where nothing better is known
@@ -208,17 +211,26 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
 
     hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-        )
-    except ValueError as e:
-        if "trust_remote_code" in str(e):
-            raise ModelError(f"{path}: this model needs its repository's own code; rerun with "
-                             "--trust-remote-code if you trust it") from None
-        raise
+        with refused_remote_code(path):
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
+            )
     finally:
         hf_logging.enable_progress_bar()
     return model.to(device)
+
+
+@contextmanager
+def refused_remote_code(path: str) -> Iterator[None]:
+    """transformers' refusal to run a model folder's own code (its auto_map, for the model or the tokenizer)
+    without trust_remote_code, as one line with the fix."""
+    try:
+        yield
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ModelError(f"{path}: this model needs its repository's own code (auto_map); rerun with "
+                             "--trust-remote-code if you trust it") from None
+        raise
 
 
 def load_adapter(model, adapter: str, **kwargs):

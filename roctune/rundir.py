@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -492,15 +494,45 @@ def check_adapter(run_dir: str, what: str) -> dict:
     path = os.path.join(run_dir, ADAPTER_CONFIG)
     if str(doc.get("peft_type", "")).upper() != "LORA":
         raise RoctuneError(f"{path}: peft_type {doc.get('peft_type')!r}: roctune loads LoRA adapters only")
-    r = doc.get("r")
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise RoctuneError(f"{path}: r is {r!r}; a LoRA rank is a positive integer (the adapter is damaged)")
-    if not doc.get("target_modules") or not isinstance(doc["target_modules"], (str, list)):
-        raise RoctuneError(f"{path}: no target_modules; the adapter is damaged (copy it again or train again)")
+    check_lora_fields(doc, path)
+    r = doc["r"]
     weights = os.path.join(run_dir, ADAPTER_WEIGHTS)
     check_safetensors(weights, what)
     _check_rank(weights, r, doc.get("rank_pattern") or {}, path)
     return doc
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_lora_fields(doc: dict, path: str) -> None:
+    """The fields of adapter_config.json that PEFT, merge and the LoRA GGUF writer compute with: a positive integer
+    rank, a finite alpha, module names as text, rank/alpha patterns whose keys are regular expressions and whose
+    values are such ranks and alphas. One error naming the file and the field; the adapter is damaged otherwise."""
+    damaged = "the adapter is damaged: copy it again or train again"
+    r = doc.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise RoctuneError(f"{path}: r is {r!r}; a LoRA rank is a positive integer; {damaged}")
+    if "lora_alpha" in doc and not _is_number(doc["lora_alpha"]):
+        raise RoctuneError(f"{path}: lora_alpha is {doc['lora_alpha']!r}; it must be a finite number; {damaged}")
+    targets = doc.get("target_modules")
+    names = [targets] if isinstance(targets, str) else targets
+    if not names or not isinstance(names, list) or not all(isinstance(t, str) and t for t in names):
+        raise RoctuneError(f"{path}: target_modules is {str(targets)[:80]}; it must name modules as text "
+                           f"(e.g. [\"q_proj\", \"v_proj\"]); {damaged}")
+    for key, valid, want in (("rank_pattern", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                              "a positive integer rank"), ("alpha_pattern", _is_number, "a finite number")):
+        pattern = doc.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise RoctuneError(f"{path}: {key} must map module patterns to values; {damaged}")
+        for name, value in pattern.items():
+            try:
+                re.compile(name)
+            except re.error as e:
+                raise RoctuneError(f"{path}: {key} key {name!r} is not a regular expression ({e}); {damaged}") from None
+            if not valid(value):
+                raise RoctuneError(f"{path}: {key}[{name!r}] is {value!r}; it must be {want}; {damaged}")
 
 
 def _check_rank(weights: str, r: int, pattern: dict, config_path: str) -> None:
