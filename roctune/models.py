@@ -76,6 +76,7 @@ def default_model_dir() -> str:
     return target
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
 
 
@@ -97,13 +98,12 @@ def check_model_files(folder: str) -> None:
                              "again") from None
         if not isinstance(doc, dict):
             raise ModelError(f"{path}: expected a JSON object; the model folder is damaged: copy or download it again")
-    check_tokenizer_file(folder)
     check_no_pickle_only(folder)
 
 
 def check_tokenizer_file(folder: str) -> None:
     """tokenizer.json parses as a tokenizer, not only as JSON: a wrong structure is one line, not a KeyError from
-    inside transformers."""
+    inside transformers. Called after transformers failed to load the tokenizer, to name the cause."""
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
         return
@@ -175,8 +175,16 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     from roctune.data.render import ensure_chat_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
-    with refused_remote_code(path):
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):  # a folder, but not a model's
+        raise ModelError(f"{path}: no tokenizer in this folder (none of {', '.join(TOKENIZER_FILES)}); point "
+                         "--model at a model folder")
+    check_model_files(path)
+    try:
+        with refused_remote_code(path):
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - re-raised unless tokenizer.json itself is malformed (checked only now: 0.3 s)
+        check_tokenizer_file(path)
+        raise
     if tok.pad_token_id is None:
         _family_pad(tok, path)
     ensure_chat_template(tok)  # the EOS pads where nothing better is known
