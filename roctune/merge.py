@@ -79,7 +79,10 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
     if max_diff > tol:
         raise RoctuneError(f"merged model differs from the adapter model by {max_diff:.3g} (> {tol:g}); not saved")
     def fill(tmp: str) -> None:
-        merged.save_pretrained(tmp)
+        from roctune.models import hf_progress_off
+
+        with hf_progress_off():
+            merged.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
             json.dump({"adapter": os.path.abspath(adapter), "dtype": dtype, "max_logit_diff": max_diff}, f)

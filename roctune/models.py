@@ -213,19 +213,26 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
     """Load a causal LM onto `device` in `dtype` with the given attention implementation."""
     from transformers import AutoModelForCausalLM
 
-    from transformers.utils import logging as hf_logging
-
     from roctune.hardware import torch_dtype
 
-    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
+    with hf_progress_off(), refused_remote_code(path):
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
+        )
+    return model.to(device)
+
+
+@contextmanager
+def hf_progress_off() -> Iterator[None]:
+    """transformers' per-tensor "Loading weights" / per-shard "Writing model shards" bars say nothing useful here
+    (and a bar left at 0% sits beside an error line)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
-        with refused_remote_code(path):
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-            )
+        yield
     finally:
         hf_logging.enable_progress_bar()
-    return model.to(device)
 
 
 @contextmanager
