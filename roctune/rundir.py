@@ -172,21 +172,19 @@ def has_saved_state(run_dir: str) -> bool:
         or is_full_model_dir(run_dir)
 
 
-def discard_unsaved_run(run_dir: str, made: bool) -> bool:
-    """After a new run failed before anything was saved: remove what it wrote (run.yaml, metrics, status...), which
-    no command can continue and which would make the same command refuse the folder as a previous run; the folder
-    too when the run made it. Entries roctune does not write are kept. True when it removed the run."""
-    if not os.path.isdir(run_dir) or has_saved_state(run_dir):
-        return False
-    foreign = set(foreign_entries(run_dir))
+def is_unsaved_ended_run(path: str) -> bool:
+    """A run directory whose run ended (failed, stopped, killed) before it saved anything: no checkpoint, no best
+    model, no final weights, nothing but roctune's own files. Nothing in it can be continued or is worth keeping,
+    so a new run may take its place without --overwrite (the same command, run again after a failure at step 1)."""
+    return (is_run_dir(path) and not has_saved_state(path) and run_state(path) in ("failed", "stopped")
+            and not foreign_entries(path))
+
+
+def clear_unsaved_run(run_dir: str) -> None:
+    """Remove the files of such a run (is_unsaved_ended_run), leaving the folder empty for the new one."""
     for name in os.listdir(run_dir):
         path = os.path.join(run_dir, name)
-        if name in foreign or name + "/" in foreign:
-            continue
         shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-    if made and not os.listdir(run_dir):
-        os.rmdir(run_dir)
-    return True
 
 
 def is_run_dir(path: str) -> bool:
@@ -213,6 +211,8 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
         if resume:
             raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one")
         return
+    if not resume and is_unsaved_ended_run(path):
+        return  # a run that failed before saving anything: this one replaces it (claim clears it)
     if resume:
         if not is_run_dir(path):
             raise ConfigError(f"--resume: {path} holds no {RUN_FILE}; it is not a roctune run directory")
@@ -265,10 +265,10 @@ def check_output_file(path: str, what: str, overwrite: bool = False, inputs: tup
 # ------------------------------------------------------------------------------- claiming an output folder
 # What a run directory may hold: the files and folders train, eval and the trackers write there (and the
 # tokenizer/model files save_pretrained writes). --overwrite replaces only a folder these names fully describe.
-OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, COMPLETIONS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, "README.md",
-             "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
-             "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-             "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
+OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, COMPLETIONS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+             MODEL_CONFIG, "README.md", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+             "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
 OWN_DIRS = {BEST_DIR, TENSORBOARD_DIR, EVAL_DIR}
 STAGING_PREFIX = ".tmp-overwrite-"
 
@@ -384,6 +384,8 @@ def claim(output: str, resume: bool, overwrite: bool) -> Iterator[str]:
     removed (after SIGKILL, at the next start)."""
     with locked(output):
         check_new_output(output, resume, overwrite)
+        if not resume and is_unsaved_ended_run(output):
+            clear_unsaved_run(output)
         remove_staging(output)
         if not replaces_run(output, resume, overwrite):
             yield output

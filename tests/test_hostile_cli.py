@@ -210,14 +210,37 @@ def _disk_full(monkeypatch, error: str) -> None:
 
 @pytest.mark.parametrize("error", ["safetensors", "oserror"])
 @pytest.mark.parametrize("argv", [["merge", "--adapter", "ok_ad", "--output", "outdir/m"],
-                                  ["export", "--adapter", "ok_ad", "--output", "outdir/e", "--no-verify"],
-                                  ["train", "--data", "d.jsonl", "--output", "outdir/r", "--model", "TINY",
-                                   "--max-steps", "1", "--max-length", "64"]],
-                         ids=["merge", "export", "train-final-save"])
+                                  ["export", "--adapter", "ok_ad", "--output", "outdir/e", "--no-verify"]],
+                         ids=["merge", "export"])
 def test_disk_full_is_one_line_and_leaves_nothing(ws, capsys, monkeypatch, argv, error):
     _disk_full(monkeypatch, error)
-    line = refused([a.replace("TINY", ws["tiny"]) for a in argv], capsys, "no space left on the device")
+    line = refused(argv, capsys, "no space left on the device")
     assert "free some space" in line
+
+
+def _one_line(argv: list[str], capsys, names: str) -> str:
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0] and names in err[0], (rc, err)
+    return err[0]
+
+
+@pytest.mark.parametrize("error", ["safetensors", "oserror"])
+def test_disk_full_at_the_final_save(files, tmp_path, monkeypatch, capsys, error):
+    """The run is recorded as failed with the reason (what the web UI shows); having saved nothing, it is
+    replaced by the same command run again, once there is space."""
+    from roctune import rundir
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(files["dir"] / "d.jsonl", "d.jsonl")
+    argv = ["train", "--data", "d.jsonl", "--output", "r", "--model", files["tiny"], "--max-steps", "1",
+            "--max-length", "64"]
+    with monkeypatch.context() as m:
+        _disk_full(m, error)
+        _one_line(argv, capsys, "no space left on the device")
+    assert rundir.run_state("r") == "failed" and rundir.is_unsaved_ended_run("r")
+    assert main(argv) == 0 and rundir.has_adapter("r") and rundir.run_state("r") == "done"
 
 
 # --------------------------------------------------------------------------- reward functions, one guard
@@ -236,6 +259,9 @@ BAD_FLOAT = ("class X:\n    def __float__(self):\n        raise RuntimeError('no
 RETURNS = [
     ("exit-0", "import sys\ndef r(completions, **k):\n    sys.exit(0)\n", r"called sys\.exit\(0\)"),
     ("exit-3", "def r(completions, **k):\n    raise SystemExit(3)\n", r"called sys\.exit\(3\)"),
+    ("exit-none", "import sys\ndef r(completions, **k):\n    sys.exit()\n", r"called sys\.exit\(\);"),
+    ("str-raises", "class E(Exception):\n    def __str__(self):\n        raise RuntimeError('x')\n"
+     "def r(completions, **k):\n    raise E()\n", "raised E$"),
     ("base-exception", "def r(completions, **k):\n    raise GeneratorExit('x')\n", "raised GeneratorExit"),
     ("huge-integer", "def r(completions, **k):\n    return [10**400, 1]\n", "an integer of about 401 digits"),
     ("generator-raises", GENERATOR, "raised ValueError: boom"),
@@ -344,9 +370,11 @@ def test_data_weights_whose_sum_overflows_are_ratios():
 @pytest.mark.slow
 def test_grpo_failing_at_step_one_leaves_nothing_and_the_same_command_runs_again(files, tmp_path, monkeypatch,
                                                                                      capsys):
-    """A reward that calls sys.exit(0) at the first step: one line, exit 2, no run folder, and the same command
-    is refused for the same reason (not "already holds a previous run"); then a reward that scores nothing
-    (None: NaN totals) trains, and metrics.jsonl is strict JSON."""
+    """A reward that calls sys.exit(0) at the first step: one line, exit 2, the run recorded as failed with that
+    line's reason, and the same command is refused for the same reason again (not "already holds a previous
+    run"); then a reward that scores nothing (None: NaN totals) trains there, and metrics.jsonl is strict JSON."""
+    from roctune import rundir
+
     w = tmp_path / "w"
     w.mkdir()
     (w / "outdir").mkdir()
@@ -358,9 +386,10 @@ def test_grpo_failing_at_step_one_leaves_nothing_and_the_same_command_runs_again
             "--num-generations", "2", "--batch-size", "2", "--max-steps", "1", "--max-completion-length", "3",
             "--max-length", "64", "--device", "cpu"]
     for _ in range(2):
-        line = refused(argv + ["--reward-file", "exit0_call.py"], capsys, "reward function 'r' (exit0_call.py)")
+        line = _one_line(argv + ["--reward-file", "exit0_call.py"], capsys, "reward function 'r' (exit0_call.py)")
         assert "sys.exit(0)" in line
-    assert not (ws["dir"] / "outdir" / "r").exists()
+        assert rundir.read_status("outdir/r")["phase"] == "failed"
+        assert "sys.exit(0)" in rundir.read_status("outdir/r")["error"] and rundir.is_unsaved_ended_run("outdir/r")
     assert main(argv + ["--reward-file", "nothing.py"]) == 0
     text = (ws["dir"] / "outdir" / "r" / "metrics.jsonl").read_text()
     rows = [json.loads(x, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl")) for x in text.splitlines()]

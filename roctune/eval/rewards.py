@@ -63,11 +63,21 @@ def user_code(who: str) -> Iterator[None]:
     except (KeyboardInterrupt, RewardError):
         raise
     except SystemExit as e:
-        raise RewardError(f"{who} called sys.exit({e.code!r}); a reward function must return its values, not end "
+        code = "" if e.code is None else _short(e.code)
+        raise RewardError(f"{who} called sys.exit({code}); a reward function must return its values, not end "
                           "the process") from None
     except BaseException as e:  # noqa: BLE001 - the user's code: anything it raises is reported in one line
-        detail = str(e).splitlines()[0][:300] if str(e) else ""
+        detail = _first_line(e)
         raise RewardError(f"{who} raised {type(e).__name__}{': ' + detail if detail else ''}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of a user's exception's text ("" when its own __str__ fails: that is user code too)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - a user's __str__; the exception's type still names what happened
+        return ""
+    return text.splitlines()[0][:300] if text.strip() else ""
 
 
 # ------------------------------------------------------------------------------------------- built-ins

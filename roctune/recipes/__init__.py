@@ -125,9 +125,9 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
     or failed (with the error). A run that ends before its first step (a refused --resume, a model that does not
     load) has changed nothing, and leaves nothing: the status.json that was there is put back, and a folder made
-    for it is removed again. A new run that ends before it saved anything (a reward file failing at step 1) leaves
-    nothing either: it has no checkpoint to continue, and its run.yaml would make the same command refuse the
-    folder as "a previous run"."""
+    for it is removed again. A new run that fails after writing run.yaml but before saving anything (a reward file
+    failing at step 1) is recorded as failed, with its error for the web UI; the same command then starts it
+    again (rundir.check_new_output: such a run has nothing to continue or lose)."""
     import os
     import time
 
@@ -142,9 +142,8 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     try:
         summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
     except BaseException as e:
-        if fresh and rundir.discard_unsaved_run(cfg.output, made):
-            pass  # nothing saved yet: nothing to continue, and the same command must start it again
-        elif (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading"):
+        early = (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading")
+        if early and not (fresh and rundir.is_run_dir(cfg.output)):  # this run wrote nothing yet
             _put_back(cfg.output, previous, made)
         elif isinstance(e, KeyboardInterrupt):
             rundir.write_status(cfg.output, "stopped")
