@@ -178,11 +178,11 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):  # a folder, but not a model's
         raise ModelError(f"{path}: no tokenizer in this folder (none of {', '.join(TOKENIZER_FILES)}); point "
                          "--model at a model folder")
-    check_model_files(path)
     try:
         with refused_remote_code(path):
             tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception:  # noqa: BLE001 - re-raised unless tokenizer.json itself is malformed (checked only now: 0.3 s)
+    except Exception:  # noqa: BLE001 - re-raised unless a file of the folder is malformed (checked only now: 0.5 s)
+        check_model_files(path)
         check_tokenizer_file(path)
         raise
     if tok.pad_token_id is None:

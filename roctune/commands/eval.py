@@ -41,11 +41,10 @@ REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "answer_column", 
 def run_rewards(args) -> int:
     """--reward/--reward-file: mean reward of greedy completions, base vs fine-tuned, on held-out prompts."""
     from roctune.data.prompts import load_prompts
+    from roctune.errors import ConfigError
     from roctune.eval import rewards as rw
     from roctune.eval.rewarded import evaluate_rewards
     from roctune.generate import load_for_inference
-
-    from roctune.errors import ConfigError
 
     for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
         if getattr(args, flag) is not None:
