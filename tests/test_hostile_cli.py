@@ -368,8 +368,7 @@ def test_data_weights_whose_sum_overflows_are_ratios():
 
 # ----------------------------------------------------------------------- GRPO: a run that fails at step 1
 @pytest.mark.slow
-def test_grpo_failing_at_step_one_leaves_nothing_and_the_same_command_runs_again(files, tmp_path, monkeypatch,
-                                                                                     capsys):
+def test_grpo_failing_at_step_one_is_started_again_by_the_same_command(files, tmp_path, monkeypatch, capsys):
     """A reward that calls sys.exit(0) at the first step: one line, exit 2, the run recorded as failed with that
     line's reason, and the same command is refused for the same reason again (not "already holds a previous
     run"); then a reward that scores nothing (None: NaN totals) trains there, and metrics.jsonl is strict JSON."""
