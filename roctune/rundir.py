@@ -166,18 +166,27 @@ def remove_leftovers(run_dir: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- kinds
-def has_saved_state(run_dir: str) -> bool:
-    """Whether a run directory holds something a later command can use: a checkpoint, a best model, final weights."""
-    return bool(list_checkpoints(run_dir)) or os.path.isdir(best_dir(run_dir)) or has_adapter(run_dir) \
-        or is_full_model_dir(run_dir)
+# What a run writes before it saves any result: its settings, logs and status. A folder holding only these has
+# nothing to continue or keep (weights, checkpoints, a best model or any other file make it worth keeping).
+LOG_ONLY_FILES = {RUN_FILE, METRICS_FILE, STATUS_FILE, LOSS_PLOT, COMPLETIONS_FILE}
 
 
 def is_unsaved_ended_run(path: str) -> bool:
-    """A run directory whose run ended (failed, stopped, killed) before it saved anything: no checkpoint, no best
-    model, no final weights, nothing but roctune's own files. Nothing in it can be continued or is worth keeping,
-    so a new run may take its place without --overwrite (the same command, run again after a failure at step 1)."""
-    return (is_run_dir(path) and not has_saved_state(path) and run_state(path) in ("failed", "stopped")
-            and not foreign_entries(path))
+    """A run directory whose run ended (failed, stopped, killed) before it saved anything: only run.yaml, logs and
+    status (LOG_ONLY_FILES, tensorboard/, temporary files). A new run may take its place without --overwrite: the
+    same command, run again after a failure at step 1."""
+    if not is_run_dir(path) or run_state(path) not in ("failed", "stopped"):
+        return False
+    return all(_log_only(os.path.join(path, name)) for name in os.listdir(path))
+
+
+def _log_only(path: str) -> bool:
+    name = os.path.basename(path)
+    if os.path.islink(path):
+        return False
+    if name == TENSORBOARD_DIR or name.startswith((".tmp-", ".old-")):  # event logs; an interrupted write
+        return True
+    return name in LOG_ONLY_FILES and os.path.isfile(path)
 
 
 def clear_unsaved_run(run_dir: str) -> None:
