@@ -9,7 +9,7 @@ import os
 import sys
 
 from roctune import __version__
-from roctune.errors import RoctuneError
+from roctune.errors import RoctuneError, os_error_in
 
 # Order here is the order in `roctune --help`.
 COMMANDS = [
@@ -82,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"roctune {args.command}: interrupted", file=sys.stderr)
         return 130
-    except OSError as e:  # the file system said no (full disk, /proc, a vanished folder): one line, not a traceback
-        print(f"roctune {args.command}: error: {os_error_line(e)}", file=sys.stderr)
+    except Exception as e:  # the file system said no (full disk, /proc, a vanished folder): one line, not a traceback
+        cause = os_error_in(e)  # an OSError, or one a library (safetensors, tokenizers) reported in its own type
+        if cause is None:
+            raise  # anything else is a bug to see in full
+        print(f"roctune {args.command}: error: {os_error_line(cause)}", file=sys.stderr)
         return 2
     finally:
         interrupts.restore(previous)

@@ -1,4 +1,6 @@
 """Typed errors. The library raises these; only the CLI prints them and exits."""
+import os
+import re
 
 
 class RoctuneError(Exception):
@@ -36,3 +38,22 @@ class EnvironmentProblem(RoctuneError):
 class RewardError(RoctuneError):
     """A reward function (built-in or the user's --reward-file) failed or returned unusable values; the message
     names the function."""
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error ends its text
+
+
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError behind an exception (a full disk, a refused write), also where a library reports it in its own
+    type: safetensors (SafetensorError) and tokenizers (a plain Exception) write from Rust and only say
+    "... (os error 28)". None when the exception is something else, to be raised as it is."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    m = _RUST_OS_ERROR.search(str(e))
+    if m and type(e).__module__.split(".")[0] in ("safetensors", "tokenizers", "builtins"):
+        code = int(m[1])
+        return OSError(code, os.strerror(code))
+    return None

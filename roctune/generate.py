@@ -56,9 +56,9 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     if m is None:
         m = load_model(base, dt, dev, attn, trust_remote_code, rundir.rope_scaling(adapter))
     if adapter is not None:
-        from peft import PeftModel
+        from roctune.models import load_adapter
 
-        m = PeftModel.from_pretrained(m, adapter)
+        m = load_adapter(m, adapter)
     m.eval()
     return Loaded(m, tokenizer, base, adapter, dev)
 

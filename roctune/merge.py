@@ -79,7 +79,10 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
     if max_diff > tol:
         raise RoctuneError(f"merged model differs from the adapter model by {max_diff:.3g} (> {tol:g}); not saved")
     def fill(tmp: str) -> None:
-        merged.save_pretrained(tmp)
+        from roctune.models import hf_progress_off
+
+        with hf_progress_off():
+            merged.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
             json.dump({"adapter": os.path.abspath(adapter), "dtype": dtype, "max_logit_diff": max_diff}, f)
@@ -111,18 +114,17 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
     check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
     weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
     import torch
-    from peft import PeftModel
 
     from roctune.hardware import Choice, torch_dtype
     from roctune.methods import bitsandbytes_problem, load_4bit
-    from roctune.models import fit_attention
+    from roctune.models import fit_attention, load_adapter
 
     problem = bitsandbytes_problem("cpu")
     if problem:
         raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
     attn = fit_attention(Choice("sdpa", "the CPU's kernel"), "auto", base_model).value
     base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code, rundir.rope_scaling(adapter))
-    model = PeftModel.from_pretrained(base4, adapter)
+    model = load_adapter(base4, adapter)
     model.eval()
     with torch.no_grad():
         before = [model(**e).logits.float() for e in prompts_enc]
@@ -133,7 +135,7 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
         del base.config.quantization_config
     base.hf_quantizer = None
     base.is_quantized = False
-    merged = merge_and_unload(PeftModel.from_pretrained(base, adapter), log)
+    merged = merge_and_unload(load_adapter(base, adapter), log)
     merged.eval()
     with torch.no_grad():
         after = [merged(**e).logits.float() for e in prompts_enc]

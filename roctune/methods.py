@@ -257,9 +257,9 @@ def lora_config(cfg):
 def attach_lora(model, cfg):
     """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`."""
     if cfg.adapter:
-        from peft import PeftModel
+        from roctune.models import load_adapter
 
-        return PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
+        return load_adapter(model, cfg.adapter, is_trainable=True)
     from peft import get_peft_model
 
     if "auto" in cfg.target_modules:  # check() resolves it before loading; a model it could not build on meta here

@@ -8,6 +8,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 
 from roctune.errors import ModelError
 
@@ -74,6 +76,7 @@ def default_model_dir() -> str:
     return target
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
 
 
@@ -95,6 +98,36 @@ def check_model_files(folder: str) -> None:
                              "again") from None
         if not isinstance(doc, dict):
             raise ModelError(f"{path}: expected a JSON object; the model folder is damaged: copy or download it again")
+    check_no_pickle_only(folder)
+
+
+def check_tokenizer_file(folder: str) -> None:
+    """tokenizer.json parses as a tokenizer, not only as JSON: a wrong structure is one line, not a KeyError from
+    inside transformers. Called after transformers failed to load the tokenizer, to name the cause."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception for a malformed file
+        raise ModelError(f"{path}: not a valid tokenizer ({str(e)[:200]}); the model folder is damaged: copy or "
+                         "download it again") from None
+
+
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # torch.save files: loading one unpickles it
+
+
+def check_no_pickle_only(folder: str) -> None:
+    """A model folder whose weights exist only as pickle files (pytorch_model.bin) is refused before loading:
+    roctune never unpickles a file (it can run code), and torch's weights-only refusal is a long traceback."""
+    names = os.listdir(folder)
+    pickles = sorted(n for n in names if n.endswith(PICKLE_WEIGHTS) and not n.startswith("training_args"))
+    if pickles and not any(n.endswith(".safetensors") for n in names):
+        raise ModelError(f"{os.path.join(folder, pickles[0])}: the model's weights are a pickle file, which can run "
+                         "code when loaded, and roctune reads safetensors only: convert it where you trust it "
+                         "(e.g. model.save_pretrained(dir, safe_serialization=True)) or use a safetensors copy")
 
 
 def resolve_model(name: str | None) -> str:
@@ -142,7 +175,16 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     from roctune.data.render import ensure_chat_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):  # a folder, but not a model's
+        raise ModelError(f"{path}: no tokenizer in this folder (none of {', '.join(TOKENIZER_FILES)}); point "
+                         "--model at a model folder")
+    try:
+        with refused_remote_code(path):
+            tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - re-raised unless a file of the folder is malformed (checked only now: 0.5 s)
+        check_model_files(path)
+        check_tokenizer_file(path)
+        raise
     if tok.pad_token_id is None:
         _family_pad(tok, path)
     ensure_chat_template(tok)  # the EOS pads where nothing better is known
@@ -234,24 +276,54 @@ def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = 
     positions, see `scaled_config`)."""
     from transformers import AutoModelForCausalLM
 
-    from transformers.utils import logging as hf_logging
-
     from roctune.hardware import torch_dtype
 
-    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar says nothing useful here
-    try:
+    with hf_progress_off(), refused_remote_code(path):
         config = scaled_config(path, rope_scaling, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
             **({"config": config} if config is not None else {}))
-    except ValueError as e:
-        if "trust_remote_code" in str(e):
-            raise ModelError(f"{path}: this model needs its repository's own code; rerun with "
-                             "--trust-remote-code if you trust it") from None
-        raise
+    return model.to(device)
+
+
+@contextmanager
+def hf_progress_off() -> Iterator[None]:
+    """transformers' per-tensor "Loading weights" / per-shard "Writing model shards" bars say nothing useful here
+    (and a bar left at 0% sits beside an error line)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        yield
     finally:
         hf_logging.enable_progress_bar()
-    return model.to(device)
+
+
+@contextmanager
+def refused_remote_code(path: str) -> Iterator[None]:
+    """transformers' refusal to run a model folder's own code (its auto_map, for the model or the tokenizer)
+    without trust_remote_code, as one line with the fix."""
+    try:
+        yield
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ModelError(f"{path}: this model needs its repository's own code (auto_map); rerun with "
+                             "--trust-remote-code if you trust it") from None
+        raise
+
+
+def load_adapter(model, adapter: str, **kwargs):
+    """PeftModel.from_pretrained(model, adapter, **kwargs), with an adapter made for another model (its
+    target_modules absent from this one) as one line instead of peft's traceback."""
+    from peft import PeftModel
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    try:
+        return PeftModel.from_pretrained(model, adapter, **kwargs)
+    except NoMatchingPeftModuleError:
+        raise ModelError(f"{adapter}/adapter_config.json: its target_modules are not modules of the base model "
+                         f"{getattr(model, 'name_or_path', '')}; the adapter was trained on another model: give that "
+                         "one with --model") from None
 
 
 def fit_attention(choice, requested: str, model_dir: str):

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -55,6 +57,7 @@ BEST_STATE = "best.json"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_DIR = "eval"
 STATUS_FILE = "status.json"
+COMPLETIONS_FILE = "completions.jsonl"  # GRPO's sampled completions (--completion-samples-steps)
 
 
 # ------------------------------------------------------------------------------------------ atomic writes
@@ -163,6 +166,36 @@ def remove_leftovers(run_dir: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- kinds
+# What a run writes before it saves any result: its settings, logs and status. A folder holding only these has
+# nothing to continue or keep (weights, checkpoints, a best model or any other file make it worth keeping).
+LOG_ONLY_FILES = {RUN_FILE, METRICS_FILE, STATUS_FILE, LOSS_PLOT, COMPLETIONS_FILE}
+
+
+def is_unsaved_ended_run(path: str) -> bool:
+    """A run directory whose run ended (failed, stopped, killed) before it saved anything: only run.yaml, logs and
+    status (LOG_ONLY_FILES, tensorboard/, temporary files). A new run may take its place without --overwrite: the
+    same command, run again after a failure at step 1."""
+    if not is_run_dir(path) or run_state(path) not in ("failed", "stopped"):
+        return False
+    return all(_log_only(os.path.join(path, name)) for name in os.listdir(path))
+
+
+def _log_only(path: str) -> bool:
+    name = os.path.basename(path)
+    if os.path.islink(path):
+        return False
+    if name == TENSORBOARD_DIR or name.startswith((".tmp-", ".old-")):  # event logs; an interrupted write
+        return True
+    return name in LOG_ONLY_FILES and os.path.isfile(path)
+
+
+def clear_unsaved_run(run_dir: str) -> None:
+    """Remove the files of such a run (is_unsaved_ended_run), leaving the folder empty for the new one."""
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+
+
 def is_run_dir(path: str) -> bool:
     """A directory roctune's training wrote (it holds run.yaml)."""
     return os.path.isfile(os.path.join(path, RUN_FILE))
@@ -187,6 +220,8 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
         if resume:
             raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one")
         return
+    if not resume and is_unsaved_ended_run(path):
+        return  # a run that failed before saving anything: this one replaces it (claim clears it)
     if resume:
         if not is_run_dir(path):
             raise ConfigError(f"--resume: {path} holds no {RUN_FILE}; it is not a roctune run directory")
@@ -239,10 +274,10 @@ def check_output_file(path: str, what: str, overwrite: bool = False, inputs: tup
 # ------------------------------------------------------------------------------- claiming an output folder
 # What a run directory may hold: the files and folders train, eval and the trackers write there (and the
 # tokenizer/model files save_pretrained writes). --overwrite replaces only a folder these names fully describe.
-OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS, MODEL_CONFIG, "README.md",
-             "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
-             "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-             "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
+OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, COMPLETIONS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+             MODEL_CONFIG, "README.md", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+             "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
 OWN_DIRS = {BEST_DIR, TENSORBOARD_DIR, EVAL_DIR}
 STAGING_PREFIX = ".tmp-overwrite-"
 
@@ -358,6 +393,8 @@ def claim(output: str, resume: bool, overwrite: bool) -> Iterator[str]:
     removed (after SIGKILL, at the next start)."""
     with locked(output):
         check_new_output(output, resume, overwrite)
+        if not resume and is_unsaved_ended_run(output):
+            clear_unsaved_run(output)
         remove_staging(output)
         if not replaces_run(output, resume, overwrite):
             yield output
@@ -392,7 +429,9 @@ def read_run(run_dir: str) -> dict:
     path = os.path.join(run_dir, RUN_FILE)
     if not os.path.isfile(path):
         if has_adapter(run_dir):
-            return {"base_model": adapter_settings(run_dir).get("base_model_name_or_path"), "config": {}}
+            base = adapter_settings(run_dir).get("base_model_name_or_path")
+            _check_base_model(base, os.path.join(run_dir, ADAPTER_CONFIG), "base_model_name_or_path")
+            return {"base_model": base, "config": {}}
         raise RoctuneError(f"{run_dir}: not a roctune run or PEFT adapter directory (no {RUN_FILE} or {ADAPTER_CONFIG})")
     import yaml
 
@@ -403,8 +442,16 @@ def read_run(run_dir: str) -> dict:
         raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise RoctuneError(f"{path}: expected a mapping with base_model and config; restore it or train again")
+    _check_base_model(doc.get("base_model"), path, "base_model")
     doc.setdefault("config", {})
     return doc
+
+
+def _check_base_model(value, path: str, key: str) -> None:
+    """The base model a run names is one model name or folder (text), or absent."""
+    if value is not None and not isinstance(value, str):
+        raise RoctuneError(f"{path}: {key} must be one model name or folder (text), here it is a "
+                           f"{type(value).__name__}; restore it, or give the base model with --model")
 
 
 def base_model(run_dir: str) -> str | None:
@@ -466,15 +513,45 @@ def check_adapter(run_dir: str, what: str) -> dict:
     path = os.path.join(run_dir, ADAPTER_CONFIG)
     if str(doc.get("peft_type", "")).upper() != "LORA":
         raise RoctuneError(f"{path}: peft_type {doc.get('peft_type')!r}: roctune loads LoRA adapters only")
-    r = doc.get("r")
-    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
-        raise RoctuneError(f"{path}: r is {r!r}; a LoRA rank is a positive integer (the adapter is damaged)")
-    if not doc.get("target_modules") or not isinstance(doc["target_modules"], (str, list)):
-        raise RoctuneError(f"{path}: no target_modules; the adapter is damaged (copy it again or train again)")
+    check_lora_fields(doc, path)
+    r = doc["r"]
     weights = os.path.join(run_dir, ADAPTER_WEIGHTS)
     check_safetensors(weights, what)
     _check_rank(weights, r, doc.get("rank_pattern") or {}, path)
     return doc
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_lora_fields(doc: dict, path: str) -> None:
+    """The fields of adapter_config.json that PEFT, merge and the LoRA GGUF writer compute with: a positive integer
+    rank, a finite alpha, module names as text, rank/alpha patterns whose keys are regular expressions and whose
+    values are such ranks and alphas. One error naming the file and the field; the adapter is damaged otherwise."""
+    damaged = "the adapter is damaged: copy it again or train again"
+    r = doc.get("r")
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise RoctuneError(f"{path}: r is {r!r}; a LoRA rank is a positive integer; {damaged}")
+    if "lora_alpha" in doc and not _is_number(doc["lora_alpha"]):
+        raise RoctuneError(f"{path}: lora_alpha is {doc['lora_alpha']!r}; it must be a finite number; {damaged}")
+    targets = doc.get("target_modules")
+    names = [targets] if isinstance(targets, str) else targets
+    if not names or not isinstance(names, list) or not all(isinstance(t, str) and t for t in names):
+        raise RoctuneError(f"{path}: target_modules is {str(targets)[:80]}; it must name modules as text "
+                           f"(e.g. [\"q_proj\", \"v_proj\"]); {damaged}")
+    for key, valid, want in (("rank_pattern", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                              "a positive integer rank"), ("alpha_pattern", _is_number, "a finite number")):
+        pattern = doc.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise RoctuneError(f"{path}: {key} must map module patterns to values; {damaged}")
+        for name, value in pattern.items():
+            try:
+                re.compile(name)
+            except re.error as e:
+                raise RoctuneError(f"{path}: {key} key {name!r} is not a regular expression ({e}); {damaged}") from None
+            if not valid(value):
+                raise RoctuneError(f"{path}: {key}[{name!r}] is {value!r}; it must be {want}; {damaged}")
 
 
 def _check_rank(weights: str, r: int, pattern: dict, config_path: str) -> None:
@@ -507,9 +584,22 @@ def metrics_path(run_dir: str) -> str:
     return os.path.join(run_dir, METRICS_FILE)
 
 
+def json_line(row: dict, **kw: Any) -> str:
+    """One JSONL line that every JSON reader accepts: a NaN or infinite number (a diverged loss, a step no reward
+    scored) is written as null, not as Python's NaN/-Infinity, which are not JSON."""
+    def finite(v):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(finite(row), allow_nan=False, **kw) + "\n"
+
+
 def append_metrics(run_dir: str, row: dict) -> None:
     with open(metrics_path(run_dir), "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+        f.write(json_line(row))
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -542,7 +632,7 @@ def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
     if keep_until_step <= 0:
         os.unlink(path)
         return
-    keep = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r["step"] <= keep_until_step]
+    keep = [json_line(r) for r in read_metrics(run_dir) if r["step"] <= keep_until_step]
     atomic_write_text(path, "".join(keep))
 
 
@@ -565,10 +655,11 @@ def plot_loss(run_dir: str) -> None:
     rows = read_metrics(run_dir)
     key = "reward" if rows and all("reward" in r for r in rows) else "loss"
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}")
+    y = lambda r, k: float("nan") if r[k] is None else r[k]  # noqa: E731 - null: a non-finite value (json_line)
+    ax.plot([r["step"] for r in rows], [y(r, key) for r in rows], label=f"train {key}")
     ev = [r for r in rows if f"eval_{key}" in r]
     if ev:
-        ax.plot([r["step"] for r in ev], [r[f"eval_{key}"] for r in ev], "o-", label=f"eval {key}")
+        ax.plot([r["step"] for r in ev], [y(r, f"eval_{key}") for r in ev], "o-", label=f"eval {key}")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward (higher is better)" if key == "reward" else "loss")
     ax.grid(alpha=0.3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from roctune.commands.generate import add_inference_args, check_inference_args
+from roctune.data.formats import check_text
 from roctune.errors import DataError
 
 
@@ -34,7 +35,7 @@ def run(args) -> int:
             break
         except UnicodeDecodeError:
             raise DataError(f"stdin line {lineno}: not UTF-8 text; send messages as UTF-8") from None
-        text = line.strip()
+        text = check_text(line.strip(), f"stdin line {lineno}")  # bytes that are not UTF-8 arrive as surrogates
         if not text:
             continue
         if text in ("/quit", "/exit"):

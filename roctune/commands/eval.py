@@ -41,15 +41,20 @@ REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "answer_column", 
 def run_rewards(args) -> int:
     """--reward/--reward-file: mean reward of greedy completions, base vs fine-tuned, on held-out prompts."""
     from roctune.data.prompts import load_prompts
+    from roctune.errors import ConfigError
     from roctune.eval import rewards as rw
     from roctune.eval.rewarded import evaluate_rewards
     from roctune.generate import load_for_inference
 
+    for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag} belongs to the comparison of answers; with --reward/--reward-file eval prints "
+                              f"the mean rewards (--json for a machine-readable result): drop --{flag}")
     cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
     cfg.stage, cfg.max_completion_length = "grpo", args.max_new_tokens
     cfg.check_grpo()
     rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
-    load_prompts(args.data)
+    rw.check_columns(cfg, load_prompts(args.data))
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
     result = evaluate_rewards(cfg, loaded, args.data, args.batch_size, say)

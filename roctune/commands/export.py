@@ -3,6 +3,7 @@ run in llama.cpp and compared with the merged model), or its LoRA adapter alone 
 vLLM and SGLang."""
 from __future__ import annotations
 
+
 def register(sub) -> None:
     p = sub.add_parser("export", help="export a run as GGUF (llama.cpp, Ollama) with a deploy recipe",
                        description=__doc__)
@@ -11,9 +12,9 @@ def register(sub) -> None:
     p.add_argument("--format", default="gguf", metavar="FORMAT",
                    help="gguf (the merged model) or lora-gguf (the adapter alone, for llama-server --lora and "
                         "Ollama's ADAPTER, beside a GGUF of the base model)")
-    p.add_argument("--quant", default="q8_0", metavar="TYPE",
-                   help="f16, bf16, q8_0 (written by roctune); q4_k_m, q5_k_m, q6_k, ... (llama.cpp's quantizer: "
-                        "pip install 'roctune[gguf]')")
+    p.add_argument("--quant", metavar="TYPE",
+                   help="f16, bf16, q8_0 (default; written by roctune); q4_k_m, q5_k_m, q6_k, ... (llama.cpp's "
+                        "quantizer: pip install 'roctune[gguf]'); --format gguf only")
     p.add_argument("--name", metavar="NAME", help="model name for Ollama and the file (default: the run's folder)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip running the GGUF in llama.cpp (or reading it back) and comparing it")
@@ -22,8 +23,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from roctune.errors import ConfigError
     from roctune.export import export
 
-    export(args.adapter, args.output, quant=args.quant, name=args.name, fmt=args.format,
+    if args.format == "lora-gguf" and args.quant is not None:  # said, not silently dropped
+        raise ConfigError(f"--quant {args.quant}: a LoRA GGUF is written in f32 (llama.cpp applies it to a base GGUF "
+                          f"of any type); drop --quant, or export the merged model: --format gguf --quant {args.quant}")
+    export(args.adapter, args.output, quant=args.quant or "q8_0", name=args.name, fmt=args.format,
            verify=not args.no_verify, overwrite=args.overwrite)
     return 0

@@ -41,21 +41,24 @@ def check_inference_args(args) -> None:
     check_number("--temperature", args.temperature, ge=0)  # 0 = greedy
     check_number("--top-p", args.top_p, gt=0, le=1)
     check_number("--batch-size", getattr(args, "batch_size", None), gt=0)
+    from roctune.data.formats import check_text
+
+    for flag in ("prompt", "system"):  # argv bytes that are not UTF-8 arrive as lone surrogates
+        if getattr(args, flag, None):
+            check_text(getattr(args, flag), f"--{flag}")
 
 
 def read_prompts(path: str) -> list[list[dict]]:
     """Conversations up to the last user turn, from any training format or bare {"prompt": ...} lines."""
-    from roctune.data.formats import to_messages
+    from roctune.data.formats import field_text, to_messages
     from roctune.data.readers import iter_raw
 
     out = []
     for where, obj in iter_raw(path):
         if set(obj) <= {"prompt", "system", "id"} and "prompt" in obj:
-            if not isinstance(obj["prompt"], str):
-                raise DataError(f"{where}: field 'prompt' must be a string")
-            msgs = [{"role": "user", "content": obj["prompt"]}]
+            msgs = [{"role": "user", "content": field_text(obj, "prompt", where)}]
             if obj.get("system"):
-                msgs.insert(0, {"role": "system", "content": str(obj["system"])})
+                msgs.insert(0, {"role": "system", "content": field_text(obj, "system", where)})
         else:
             msgs = to_messages(obj, where)
             while msgs and msgs[-1]["role"] == "assistant":

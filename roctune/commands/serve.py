@@ -12,7 +12,7 @@ import os
 import sys
 
 from roctune.config import check_number
-from roctune.errors import ConfigError
+from roctune.errors import ConfigError, RoctuneError
 
 
 # roctune's own engine's settings, which vLLM has no counterpart for: set with --engine vllm, they are refused.
@@ -124,7 +124,7 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
     # vLLM stops with us: a SIGTERM or SIGINT sent to roctune alone arrives as KeyboardInterrupt
     # (roctune.interrupts) and is passed on as SIGTERM, on which vLLM stops its engine processes itself.
     try:
-        return proc.wait()
+        rc = proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
         try:
@@ -133,3 +133,7 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
             proc.kill()
             proc.wait()
         raise
+    if rc == 0:  # a server ends when it is stopped; one that ends by itself did not serve
+        raise RoctuneError(f"vLLM's server ({launch.argv[0]}) exited by itself with status 0 without serving; "
+                           "check --vllm-python and the output above")
+    return rc

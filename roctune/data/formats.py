@@ -48,11 +48,25 @@ def detect_format(obj: dict) -> str | None:
     return None
 
 
+def check_text(text: str, where: str) -> str:
+    """`text` when it is valid Unicode; DataError naming `where` when it holds a lone surrogate (a JSON escape such
+    as "\\ud800", or bytes that are not UTF-8 read with surrogateescape, as from standard input or a file name),
+    which no tokenizer can encode."""
+    if text.isascii():  # O(1) in CPython: the string knows
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"{where}: not valid Unicode text (a lone surrogate {text[e.start]!r} at character "
+                        f"{e.start}; was it written from bytes that are not UTF-8?); fix the text") from None
+    return text
+
+
 def field_text(obj: dict, key: str, where: str, required: bool = True) -> str:
     """The string in `obj[key]`; "" when it is absent and not `required`; DataError naming the field otherwise."""
     value = obj.get(key)
     if value.__class__ is str:
-        return value
+        return check_text(value, f"{where}: field '{key}'")
     if value is None:
         if required:
             raise DataError(f"{where}: missing field '{key}'; add it, or remove the record")
@@ -60,7 +74,7 @@ def field_text(obj: dict, key: str, where: str, required: bool = True) -> str:
     if not isinstance(value, str):
         raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}; "
                         "write it as a JSON string")
-    return value
+    return check_text(value, f"{where}: field '{key}'")
 
 
 def maybe_json(value: Any, where: str, key: str) -> Any:

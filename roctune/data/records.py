@@ -167,6 +167,8 @@ def mix(groups: list[list], weights: list[float], seed: int = 0) -> list:
     shuffle of the lot. The order depends only on the data, the weights and the seed, so a restarted or resumed
     run sees the same order."""
     rng = random.Random(seed)
+    top = max(weights, default=1.0)
+    weights = [w / top for w in weights]  # only the ratios count: 1e308 twice would sum to infinity
     total, wsum = sum(len(g) for g in groups), sum(weights)
     out: list = []
     for group, w in zip(groups, weights):

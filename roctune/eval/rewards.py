@@ -16,20 +16,29 @@ Built-ins (`--reward NAME`, weights with `--reward-weights`):
 - json: 1 when the completion (or a ```json fenced block in it) parses as JSON.
 
 A user's own functions come from `--reward-file FILE.py[:NAME,...]`, given on the command line only (like
---trust-remote-code): it is code that runs in this process. A function that raises, returns the wrong number of
-values, a non-number, NaN or infinity stops the run with one line naming the function (`RewardError`)."""
+--trust-remote-code): it is code that runs in this process. Everything that runs its code (the import, the call,
+iterating what it returned, converting each value to a float) runs inside one guard (`user_code`): any exception,
+`sys.exit()` included, becomes one line naming the file and the function (`RewardError`); only Ctrl-C passes as
+it is. Every value is checked: one per completion, a real number (or None), finite; so is the weighted sum. A file
+that others could replace (a folder writable by others) is imported with a warning that names it."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import numbers
 import os
 import re
+import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from roctune.errors import ConfigError, RewardError
+from roctune.errors import ConfigError, DataError, RewardError
 
 BUILTINS = ("answer", "format", "length", "json")
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch here
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +46,38 @@ class Reward:
     name: str
     fn: Callable[..., list]
     weight: float = 1.0
+    path: str | None = None  # the --reward-file it came from (None: a built-in)
+
+    @property
+    def who(self) -> str:
+        return f"reward function '{self.name}' ({self.path})" if self.path else f"reward '{self.name}'"
+
+
+@contextmanager
+def user_code(who: str) -> Iterator[None]:
+    """Run a user's code: any BaseException but Ctrl-C (SystemExit from sys.exit() included: a reward file must not
+    end roctune with exit 0 and no result) becomes one RewardError line naming `who`. Only the user's own code goes
+    inside, so a bug in roctune's code is never hidden by it."""
+    try:
+        yield
+    except (KeyboardInterrupt, RewardError):
+        raise
+    except SystemExit as e:
+        code = "" if e.code is None else _short(e.code)
+        raise RewardError(f"{who} called sys.exit({code}); a reward function must return its values, not end "
+                          "the process") from None
+    except BaseException as e:  # noqa: BLE001 - the user's code: anything it raises is reported in one line
+        detail = _first_line(e)
+        raise RewardError(f"{who} raised {type(e).__name__}{': ' + detail if detail else ''}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of a user's exception's text ("" when its own __str__ fails: that is user code too)."""
+    try:
+        text = str(e)
+    except Exception:  # noqa: BLE001 - a user's __str__; the exception's type still names what happened
+        return ""
+    return text.splitlines()[0][:300] if text.strip() else ""
 
 
 # ------------------------------------------------------------------------------------------- built-ins
@@ -182,24 +223,58 @@ def load_reward_file(spec: str) -> list[Reward]:
     path = path if path.endswith(".py") else path + ".py"
     if not os.path.isfile(path):
         raise ConfigError(f"--reward-file {spec}: no such Python file (give FILE.py or FILE.py:FUNCTION)")
+    warn_if_replaceable(path)
     module_name = f"roctune_reward_{abs(hash(os.path.realpath(path)))}"
     loader = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader)
-    try:
+    with user_code(f"--reward-file {path}: importing it"):
         loader.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's code: any error is reported in one line
-        raise RewardError(f"--reward-file {path}: importing it raised {type(e).__name__}: {e}") from None
     if names:
         wanted = [n.strip() for n in names.split(",") if n.strip()]
         missing = [n for n in wanted if not callable(getattr(module, n, None))]
         if missing:
             raise ConfigError(f"--reward-file {spec}: no function {', '.join(missing)} in {path}")
-        return [Reward(n, getattr(module, n)) for n in wanted]
-    found = [Reward(n, f) for n, f in vars(module).items()
+        return [Reward(n, getattr(module, n), path=path) for n in wanted]
+    found = [Reward(n, f, path=path) for n, f in vars(module).items()
              if inspect.isfunction(f) and f.__module__ == module_name and not n.startswith("_")]
     if not found:
         raise ConfigError(f"--reward-file {path}: defines no public function (name one: {path}:FUNCTION)")
     return found
+
+
+_warned: set[str] = set()  # a file is imported once by the checks and once by the run: one warning
+
+
+def replaceable_by_others(path: str) -> str | None:
+    """Why someone else could replace the file at `path` before it is imported (None: no one can). The file or any
+    folder above it writable by others lets them swap the file (or a folder on the way) for their own, unless the
+    folder has the sticky bit (like /tmp): there only an entry's owner may rename or remove it, so an entry owned
+    by this user or root is safe, and one owned by someone else is theirs to change."""
+    me = os.geteuid()
+    real = os.path.realpath(path)
+    if os.stat(real).st_mode & stat.S_IWOTH:
+        return "the file is writable by other users"
+    child = real
+    while True:
+        parent = os.path.dirname(child)
+        st = os.stat(parent)
+        if st.st_mode & stat.S_IWOTH:
+            if not st.st_mode & stat.S_ISVTX:
+                return f"the folder {parent} is writable by other users"
+            owner = os.lstat(child).st_uid
+            if owner not in (me, 0):
+                return f"{child} belongs to another user (uid {owner}) in the shared folder {parent}"
+        if parent == child:
+            return None
+        child = parent
+
+
+def warn_if_replaceable(path: str) -> None:
+    why = replaceable_by_others(path)
+    if why and os.path.realpath(path) not in _warned:
+        _warned.add(os.path.realpath(path))
+        log.warning("warning: --reward-file %s: %s, so its code may not be yours; it runs as you now: move it to a "
+                    "folder only you can write", path, why)
 
 
 def build(cfg, reward_files: list[str]) -> list[Reward]:
@@ -218,6 +293,10 @@ def build(cfg, reward_files: list[str]) -> list[Reward]:
                           "function (e.g. --reward-weights 1 0.5)") from None
     if not all(math.isfinite(w) for w in weights):
         raise ConfigError(f"--reward-weights {' '.join(cfg.reward_weights)}: each weight must be a finite number")
+    if not sum(abs(w) for w in weights) < FLOAT32_MAX:
+        raise ConfigError(f"--reward-weights {' '.join(cfg.reward_weights)}: rewards of 1 would already sum beyond "
+                          f"{FLOAT32_MAX:.3g}, the largest float32 (GRPO's rewards and advantages are float32 "
+                          "tensors); give smaller weights (e.g. --reward-weights 1 0.5)")
     if len(weights) != len(rewards):
         raise ConfigError(f"--reward-weights: {len(weights)} weight(s) for {len(rewards)} reward function(s) "
                           f"({', '.join(r.name for r in rewards)}); give one per function, in that order")
@@ -226,37 +305,59 @@ def build(cfg, reward_files: list[str]) -> list[Reward]:
     return rewards
 
 
+def check_columns(cfg, records: list) -> None:
+    """Every prompt record holds the column the `answer` reward compares with: found while the data is checked,
+    before the model loads, not at the first step."""
+    if "answer" not in cfg.rewards:
+        return
+    for r in records:
+        if cfg.answer_column not in r.columns:
+            fields = ", ".join(sorted(map(str, r.columns))) or "none"
+            raise DataError(f"{r.source}: no column '{cfg.answer_column}' for --reward answer (its other fields: "
+                            f"{fields}); add it to every record or name the column with --answer-column NAME")
+
+
 # ------------------------------------------------------------------------------------------------ scoring
 def call(reward: Reward, n: int, **kwargs) -> list[float]:
     """One reward function's values for `n` completions (NaN where it returned None); RewardError naming the
     function when it raises or returns something unusable."""
-    who = f"reward function '{reward.name}'"
-    try:
+    import itertools
+
+    with user_code(reward.who):
         out = reward.fn(**kwargs)
-    except RewardError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's code: any error is reported in one line
-        raise RewardError(f"{who} raised {type(e).__name__}: {e}") from None
-    try:
-        values = list(out)
-    except TypeError:
-        raise RewardError(f"{who} returned {type(out).__name__}; it must return a list of {n} numbers") from None
+        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
+            raise RewardError(f"{reward.who} returned {type(out).__name__}; it must return a list of {n} numbers")
+        values = list(itertools.islice(out, n + 1))  # n + 1: an endless generator is still refused
     if len(values) != n:
-        raise RewardError(f"{who} returned {len(values)} values for {n} completions; return one per completion")
-    result = []
-    for i, v in enumerate(values):
-        if v is None:
-            result.append(float("nan"))
-            continue
-        try:
+        many = f"more than {n}" if len(values) > n else str(len(values))
+        raise RewardError(f"{reward.who} returned {many} values for {n} completions; return one per completion")
+    return [_value(reward, i, v) for i, v in enumerate(values)]
+
+
+def _value(reward: Reward, i: int, v) -> float:
+    """One returned value as a finite float (NaN for None: the function does not score that completion)."""
+    if v is None:
+        return float("nan")
+    if isinstance(v, (str, bytes)) or not (isinstance(v, numbers.Real) or hasattr(type(v), "__float__")):
+        raise RewardError(f"{reward.who} returned {type(v).__name__} {_short(v)} for completion {i}; rewards must "
+                          "be numbers (or None)")
+    if type(v) in (int, bool):  # float() of an int beyond a float's range (10**400) raises: that is infinite
+        f = float(v) if v.bit_length() < 1024 else math.inf
+    else:
+        with user_code(f"{reward.who}: converting its value for completion {i} to a number"):
             f = float(v)
-        except (TypeError, ValueError):
-            raise RewardError(f"{who} returned {v!r} for completion {i}; rewards must be numbers (or None)") from None
-        if not math.isfinite(f):
-            raise RewardError(f"{who} returned {f} for completion {i}; rewards must be finite numbers (None "
-                              "marks a completion the function does not score)")
-        result.append(f)
-    return result
+    if not math.isfinite(f):
+        raise RewardError(f"{reward.who} returned {_short(v)} for completion {i}; rewards must be finite numbers "
+                          "(None marks a completion the function does not score)")
+    return f
+
+
+def _short(v) -> str:
+    """A value as the message shows it: its repr, cut (10**400 has 401 digits; repr of an object is user code)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10 ** 30:
+        return f"an integer of about {int(v.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(v) if isinstance(v, (int, float, str, bytes)) else f"<{type(v).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def reward_inputs(records: list, texts: list[str], per: int) -> tuple[list, list, dict]:
@@ -284,5 +385,10 @@ def combine(per_func: list[list[float]], rewards: list[Reward]) -> list[float]:
     out = []
     for vals in zip(*per_func):
         scored = [(v, r.weight) for v, r in zip(vals, rewards) if not math.isnan(v)]
-        out.append(sum(v * w for v, w in scored) if scored else float("nan"))
+        total = sum(v * w for v, w in scored) if scored else float("nan")
+        if math.isinf(total) or abs(total) > FLOAT32_MAX:
+            terms = " + ".join(f"{v:g} x {w:g}" for v, w in scored)
+            raise RewardError(f"the weighted reward of completion {len(out)} is {terms} = {total:g}, beyond the "
+                              f"float32 range GRPO trains in; scale the reward values or --reward-weights down")
+        out.append(total)
     return out

@@ -33,6 +33,7 @@ def check_adapter(adapter: str) -> dict:
         raise ConfigError(f"--adapter {adapter}: --format lora-gguf needs a LoRA run (adapter_config.json); a "
                           "full or freeze run has no adapter - export it with --format gguf")
     cfg = rundir.adapter_settings(adapter)
+    rundir.check_lora_fields(cfg, os.path.join(adapter, rundir.ADAPTER_CONFIG))  # the writer computes with them
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA" or cfg.get("use_dora"):
         raise ConfigError(f"--adapter {adapter}: --format lora-gguf writes plain LoRA adapters; this one is "
                           f"{'DoRA' if cfg.get('use_dora') else cfg.get('peft_type')} - export with --format gguf")

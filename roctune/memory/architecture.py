@@ -88,9 +88,14 @@ class Architecture:
                                   ("num_attention_heads", heads), ("vocab_size", vocab)) if not v]
         if missing:
             raise ConfigError(f"{name}: config has no {', '.join(missing)}; cannot estimate memory")
-        hidden, layers, heads, vocab = int(hidden), int(layers), int(heads), int(vocab)
-        kv = int(get("num_key_value_heads", "multi_query_group_num", "num_kv_heads", default=heads))
-        head_dim = int(get("head_dim", "kv_channels", default=hidden // heads))
+        size = _sizes(name)
+        hidden, layers, heads, vocab = (size("hidden_size", hidden), size("num_hidden_layers", layers),
+                                        size("num_attention_heads", heads), size("vocab_size", vocab))
+        kv = size("num_key_value_heads", get("num_key_value_heads", "multi_query_group_num", "num_kv_heads",
+                                             default=heads))
+        head_dim = size("head_dim", get("head_dim", "kv_channels", default=hidden // heads))
+        if inter is not None:
+            inter = size("intermediate_size", inter)
         mt = str(d.get("model_type", ""))
         tied = bool(d.get("tie_word_embeddings", mt in ("gemma", "gemma2", "gemma3_text")))
         gated = mt not in ("gpt2", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "starcoder2", "gpt_bigcode")
@@ -132,6 +137,19 @@ class Architecture:
             raise ConfigError(f"--target-modules: {', '.join(unknown)} not in {self.name}; its linear layers are: "
                               f"{', '.join(self.linear_names)} (or all-linear)")
         return chosen
+
+
+def _sizes(name: str):
+    """size(key, value): a config's size as a positive integer (64.0 too, as some configs write it); ConfigError
+    naming the field for text, a negative, zero or a fraction (the estimate would compute nonsense with it)."""
+    def size(key: str, value) -> int:
+        ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+        if not ok or value < 1:
+            raise ConfigError(f"{name}: config field {key} is {value!r}; it must be a positive whole number (is the "
+                              "config.json damaged?)")
+        return int(value)
+
+    return size
 
 
 def _getter(d: dict):

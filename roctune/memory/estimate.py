@@ -169,6 +169,10 @@ class _Params:
 def _parameters(r: _Run, target_modules, freeze_trainable_layers: int, details: dict) -> _Params:
     arch, s, dtype, N = r.arch, r.s, r.dtype, r.arch.layers
     lora_mods = arch.targeted(target_modules) if r.lora else []
+    largest = max((min(l.d_in, l.d_out) for l in lora_mods), default=None)
+    if largest is not None and r.lora_r > largest:  # as roctune.methods refuses it for train
+        raise ConfigError(f"--lora-r {r.lora_r}: larger than every adapted layer (the largest rank they allow is "
+                          f"{largest}); typical ranks are 8 to 64")
     linear_layer_params = sum(l.d_in * l.d_out for l in arch.linears)
     other_layer_params = arch.layer_params - linear_layer_params
     embed_and_head = arch.embedding_params + arch.lm_head_params + arch.hidden

@@ -30,9 +30,10 @@ def prepare(cfg, check_output: bool = True):
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
     if cfg.stage == "grpo":  # the reward functions (and a --reward-file's import) before the model loads
-        from roctune.eval.rewards import build
+        from roctune.eval.rewards import build, check_columns
 
         build(cfg, cfg.reward_file)
+        check_columns(cfg, records + eval_records)
         if cfg.rollout_engine == "vllm":  # vLLM's python is found before the model loads
             from roctune.recipes.grpo_vllm import find_python
 
@@ -134,13 +135,16 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
     or failed (with the error). A run that ends before its first step (a refused --resume, a model that does not
     load) has changed nothing, and leaves nothing: the status.json that was there is put back, and a folder made
-    for it is removed again."""
+    for it is removed again. A new run that fails after writing run.yaml but before saving anything (a reward file
+    failing at step 1) is recorded as failed, with its error for the web UI; the same command then starts it
+    again (rundir.check_new_output: such a run has nothing to continue or lose)."""
     import os
     import time
 
     from roctune import rundir
 
     made = not os.path.isdir(cfg.output)
+    fresh = made or not os.listdir(cfg.output)  # a new run (--overwrite builds one in a new staging folder)
     os.makedirs(cfg.output, exist_ok=True)
     path = rundir.status_path(cfg.output)
     previous = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
@@ -148,7 +152,8 @@ def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progre
     try:
         summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
     except BaseException as e:
-        if (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading"):
+        early = (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading")
+        if early and not (fresh and rundir.is_run_dir(cfg.output)):  # this run wrote nothing yet
             _put_back(cfg.output, previous, made)
         elif isinstance(e, KeyboardInterrupt):
             rundir.write_status(cfg.output, "stopped")

@@ -25,11 +25,11 @@ length, the fraction cut at --max-completion-length, the clipped fraction and th
 --early-stopping-patience maximise. --max-length bounds the prompt's tokens (longer prompts are dropped)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from roctune import rundir
 from roctune.training import loop, session
 from roctune.training.grpo_loss import LossSettings, completion_logprobs, group_advantages, micro_batch_loss
 
@@ -154,7 +154,8 @@ class _Grpo:
         else:
             comps = self.sample(model, [p.ids for p in prompts for _ in range(G)], self.cfg.temperature, gen)
         per_func, total, texts = self.score(prompts, comps, G, step)
-        rewards = torch.tensor(total, dtype=torch.float32)
+        # float64: the group std squares the rewards, which may be as large as float32 allows (rewards.combine)
+        rewards = torch.tensor(total, dtype=torch.float64)
         adv, std = group_advantages(rewards, G, self.cfg.scale_rewards)
         made = [Completion(Tokenized(p.ids + c, [-100] * len(p.ids) + c, p.record.source), float(a), len(c))
                 for p, c, a in zip([p for p in prompts for _ in range(G)], comps, adv.tolist())]
@@ -235,7 +236,7 @@ class _Grpo:
         if not every or (step + 1) % every or not self.dist.is_main:
             return
         G = self.cfg.num_generations
-        with open(os.path.join(self.cfg.output, "completions.jsonl"), "a", encoding="utf-8") as f:
+        with open(os.path.join(self.cfg.output, rundir.COMPLETIONS_FILE), "a", encoding="utf-8") as f:
             for j in range(min(G, len(texts))):
-                f.write(json.dumps({"step": step + 1, "prompt": prompts[0].record.messages[-1]["content"],
-                                    "completion": texts[j], "reward": total[j]}, ensure_ascii=False) + "\n")
+                f.write(rundir.json_line({"step": step + 1, "prompt": prompts[0].record.messages[-1]["content"],
+                                          "completion": texts[j], "reward": total[j]}, ensure_ascii=False))

