@@ -572,9 +572,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a config file") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        raise ConfigError(strict_yaml.error_line(path, e)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings (key: value)")
     return data

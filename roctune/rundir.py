@@ -438,7 +438,9 @@ def read_run(run_dir: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             doc = strict_yaml.load(f)
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:
+    except yaml.YAMLError as e:
+        raise RoctuneError(f"{strict_yaml.error_line(path, e)}; restore it or train again") from None
+    except (UnicodeDecodeError, RecursionError) as e:
         raise RoctuneError(f"{path}: not valid YAML ({type(e).__name__}); restore it or train again") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
         raise RoctuneError(f"{path}: expected a mapping with base_model and config; restore it or train again")

@@ -90,6 +90,13 @@ def _loader():
     return StrictLoader
 
 
+def error_line(path: str, e: Exception) -> str:
+    """`path:LINE: invalid YAML (what is wrong)` for a YAML error from `load`, the one line every reader reports."""
+    mark = getattr(e, "problem_mark", None)
+    where = f":{mark.line + 1}" if mark else ""
+    return f"{path}{where}: invalid YAML ({getattr(e, 'problem', None) or e})"
+
+
 def load(stream) -> Any:
     """The document in `stream` (text or a file), strictly: see the module docstring."""
     import yaml
