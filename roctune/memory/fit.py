@@ -23,7 +23,7 @@ def _kwargs(est: MemoryEstimate) -> dict:
     s = est.settings
     kw = {k: s[k] for k in ("method", "batch_size", "max_length", "dtype", "grad_checkpointing", "attn",
                             "optimizer", "supervised_fraction", "lora_dropout", "device", "grad_accum",
-                            "autocast")}
+                            "autocast", "long_context", "offload", "chunked_head", "rss")}
     kw["lora_r"] = s["lora_r"] or 8
     kw["target_modules"] = s["target_modules"]
     if "freeze_trainable_layers" in s:
