@@ -110,7 +110,7 @@ def estimate_bytes(length: int) -> float:
     from roctune.models import resolve_model
 
     cfg = TrainConfig(data=["x.jsonl"], max_length=length, batch_size=1, grad_accum=1)
-    return estimate_run(resolve_model(None), cfg, device="cpu", rss=True).total_bytes
+    return estimate_run(resolve_model(None), cfg, device="cpu").total_bytes
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:

@@ -45,11 +45,11 @@ def choose_checkpointing(asked: bool, max_length: int, device: str) -> Checkpoin
 
 def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str | None = None,
                  batch_size: int | None = None, max_length: int | None = None, supervised_fraction: float = 1.0,
-                 packed: bool = False, rss: bool = False):
+                 packed: bool = False):
     """The estimate of one training step of `cfg` (a TrainConfig, or anything with its field names) on `model`
     (a config source for roctune.memory.estimate). dtype/attn None: as `train` chooses them for `device`;
-    batch_size/max_length override cfg's (the OOM advice's micro-batch, a length search). `rss`: on the CPU, add
-    the process's own memory (interpreter, libraries), for comparing with peak RSS."""
+    batch_size/max_length override cfg's (the OOM advice's micro-batch, a length search). On the CPU it is
+    the process's peak RSS (the interpreter and libraries included), what the machine's RAM must hold."""
     from roctune.families import family_of
     from roctune.memory.architecture import Architecture
     from roctune.memory.estimate import estimate
@@ -69,7 +69,7 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
                     freeze_trainable_layers=abs(int(cfg.freeze_trainable_layers)), lora_dropout=cfg.lora_dropout,
                     grad_accum=cfg.grad_accum, padded=not packed and B > 1, device=device,
                     supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0,
-                    optimizer=getattr(cfg, "optimizer", "adamw"), rss=rss and device == "cpu", chunked_head=chunked)
+                    optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked)
 
 
 def _dtype(cfg, device: str) -> str:
