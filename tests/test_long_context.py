@@ -73,15 +73,21 @@ def test_tiled_checkpointed_layers_equal_the_plain_path(small_tiles, offload):
         torch.testing.assert_close(grads1[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_tiles_redraw_the_forwards_dropout_masks(small_tiles):
+@pytest.mark.parametrize("masked", [False, True])
+def test_tiles_redraw_the_forwards_dropout_masks(small_tiles, masked):
     """With LoRA dropout inside the MLP, backward's recomputed tiles draw the masks the forward drew: the gradients
-    equal those of the same tiles run with an ordinary graph (the same draws in the same order)."""
+    equal those of the same tiles run with an ordinary graph (the same draws in the same order). `masked`: roctune's
+    own dropout (mask_lora_dropout), which the graph-free forward must draw as the recompute does."""
     import torch
 
     from roctune.families import family_of
     from roctune.training import activations
 
-    build = _tiny(0.3)
+    def build():
+        model = _tiny(0.3)()
+        if masked:
+            assert activations.mask_lora_dropout(model) == 14
+        return model
     ids = torch.randint(0, 256, (1, LENGTH), generator=torch.Generator().manual_seed(3))
     rows = activations.tile_rows(128)
     reference = build()
@@ -93,6 +99,28 @@ def test_tiles_redraw_the_forwards_dropout_masks(small_tiles):
     tiled = build()
     assert activations.tile_mlps(tiled, family_of("llama").mlp_classes, 128) == 2
     loss1, grads1 = _step(tiled, ids)
+    torch.testing.assert_close(loss1, loss0)
+    for name, g in grads0.items():
+        torch.testing.assert_close(grads1[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_offloaded_layers_draw_the_same_dropout_masks(small_tiles):
+    """The reentrant checkpoint behind offloading runs its forward without a graph: with roctune's LoRA dropout the
+    loss and gradients equal the non-reentrant path's (the same masks, drawn in the same order)."""
+    import torch
+
+    from roctune.families import family_of
+    from roctune.training.activations import long_sequence_layers, mask_lora_dropout
+
+    build = _tiny(0.3)
+    ids = torch.randint(0, 256, (1, LENGTH), generator=torch.Generator().manual_seed(3))
+    results = []
+    for offload in (False, True):
+        model = build()
+        long_sequence_layers(model, offload, family_of("llama"))
+        assert mask_lora_dropout(model) == 14
+        results.append(_step(model, ids))
+    (loss0, grads0), (loss1, grads1) = results
     torch.testing.assert_close(loss1, loss0)
     for name, g in grads0.items():
         torch.testing.assert_close(grads1[name], g, rtol=1e-4, atol=1e-6, msg=name)
@@ -189,3 +217,25 @@ def test_one_estimate_for_train_oom_and_web_ui(monkeypatch):
     assert f"{want.total_bytes / GiB:.1f} GiB" in oom._estimate_text(cfg, setup, 1)
     monkeypatch.setattr("roctune.models.resolve_model", lambda name: name)
     assert f"{want.total_bytes / GiB:.2f}" in webui_train.memory_html(cfg)
+
+
+def test_cpu_sdpa_runs_the_flash_kernel():
+    """What SDPA really runs on the CPU, for the causal batch of one long example and for a padded batch: torch's
+    flash kernel for the CPU (keeps its output and log-sum-exp, O(length) memory), not the math path's
+    [heads x length x length] weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    model = LlamaForCausalLM(cfg).train()
+    model.config._attn_implementation = "sdpa"
+    for rows, padded in ((1, False), (2, True)):
+        mask = torch.ones(rows, 256, dtype=torch.long)
+        mask[-1, 200:] = 0 if padded else 1
+        with torch.profiler.profile() as prof:
+            model(input_ids=torch.randint(0, 256, (rows, 256)), attention_mask=mask).logits.sum().backward()
+        ops = {e.name for e in prof.events()}
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, (rows, padded)
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops, (rows, padded)
+        assert not any("attention_math" in op for op in ops), (rows, padded)

@@ -66,6 +66,21 @@ def keep_mask(x, p: float):
     return keep, levels / (levels - drop)
 
 
+class _RecomputedLater:
+    """Inside: a forward without a graph whose backward runs it again with one (TiledMLP's tiles, the reentrant
+    checkpoint's layer). LoRA dropout then draws its masks as it will when recomputed (keep_mask, not F.dropout), so
+    the forward's output and the gradients see the same masks."""
+
+    depth = 0
+
+    def __enter__(self):
+        type(self).depth += 1
+
+    def __exit__(self, *exc):
+        type(self).depth -= 1
+
+
+
 def _make_dropped_linear():
     import torch
     import torch.nn as nn
@@ -105,7 +120,7 @@ def _make_dropped_linear():
         p: float = 0.0
 
         def forward(self, x):
-            if self.training and self.p > 0 and torch.is_grad_enabled():
+            if self.training and self.p > 0 and (torch.is_grad_enabled() or _RecomputedLater.depth):
                 return DropThenLinear.apply(x, self.weight, self.p)
             return F.linear(F.dropout(x, self.p, self.training), self.weight)
 
@@ -222,7 +237,7 @@ def _make_tiled_mlp():
             ctx.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
             ctx.save_for_backward(x, *params)
             flat = x.reshape(-1, x.shape[-1])
-            with torch.no_grad():
+            with torch.no_grad(), _RecomputedLater():
                 out = torch.cat([fn(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)])
             return out.reshape(*x.shape[:-1], out.shape[-1])
 
@@ -285,7 +300,8 @@ def _tiled_mlp_class():
 def _tiled_forward(mlp, plain_forward, rows, x):
     import torch
 
-    if not (mlp.training and torch.is_grad_enabled()) or x.numel() // x.shape[-1] <= rows:
+    # a graph-free forward that backward will recompute tiles alike (its dropout masks are drawn per tile)
+    if not (mlp.training and (torch.is_grad_enabled() or _RecomputedLater.depth)) or x.numel() // x.shape[-1] <= rows:
         return plain_forward(x)
     params = [p for p in mlp.parameters() if p.requires_grad]
     return _tiled_mlp_class().apply(plain_forward, rows, x, *params)
@@ -316,8 +332,12 @@ def offloading_checkpoint(fn, *args):
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    def run(*inputs):  # forward without a graph, recomputed in backward with one: LoRA dropout draws alike
+        with _RecomputedLater():
+            return fn(*inputs)
+
     with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
-        return checkpoint(fn, *args, use_reentrant=True)
+        return checkpoint(run, *args, use_reentrant=True)
 
 
 def long_sequence_layers(model, offload: bool, family=None) -> str:
