@@ -239,3 +239,31 @@ def test_cpu_sdpa_runs_the_flash_kernel():
         assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, (rows, padded)
         assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops, (rows, padded)
         assert not any("attention_math" in op for op in ops), (rows, padded)
+
+
+_FREED = """
+import ctypes, sys
+from roctune.hardware.allocator import map_large_allocations
+if sys.argv[1] == "1":
+    assert map_large_allocations()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+n = 16 << 20
+for _ in range(2):  # the second block comes from the heap once glibc has raised its threshold to 16 MiB
+    p = libc.malloc(n)
+    ctypes.memset(p, 1, n)
+    libc.free(ctypes.c_void_p(p))
+print(int(open("/proc/self/statm").read().split()[1]) * 4096)
+"""
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc's mallopt")
+def test_mapped_large_allocations_leave_the_process_when_freed():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rss = [int(subprocess.run([sys.executable, "-c", _FREED, flag], capture_output=True, text=True, check=True,
+                              env=dict(os.environ, PYTHONPATH=root)).stdout) for flag in ("0", "1")]
+    assert rss[0] - rss[1] > 12 << 20  # without it the freed 16 MiB stay resident

@@ -31,6 +31,11 @@ recomputing a checkpointed layer, optimizer step (gradients + temporaries); grad
 micro-batches add to all of them when grad_accum > 1. On the CPU this matches measured peaks of 21 runs
 (fp32 and bf16+autocast; LoRA, full, freeze) within 0.3% (tests/data/memory_measured_cpu.json, measured
 by scripts/measure_memory.py). Not yet checked against a GPU.
+
+Long sequences (`long_context`, `chunked_head`, `rss`: what roctune.memory.plan.estimate_run sets as `train` runs
+them): the checkpointed layers keep their inputs, the recomputed one its MLP a tile at a time, the output layer
+keeps hidden-wide gradients instead of vocabulary-wide logits, and on the CPU the process's own memory is added so
+the figure compares with peak RSS (scripts/bench_long_context.py prints both).
 """
 from __future__ import annotations
 

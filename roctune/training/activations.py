@@ -25,7 +25,15 @@ micro-batch by micro-batch, so the shared machine's noise hits both), over all 4
 on LLaMA-Factory's alpaca demo (~210 tokens per example): 160.8 s plain, 145.2 s slim (-9.7%). With torch's dropout
 noise in place of `keep_mask` the slim model was 3.7% slower than plain: the dropout draws alone are 8.5% of a
 step in torch.profiler. Under --grad-checkpointing, which already recomputes whole layers, only the dropout moves
-(its masks are drawn again, identically, when a layer is recomputed: checkpoint restores the RNG state)."""
+(its masks are drawn again, identically, when a layer is recomputed: checkpoint restores the RNG state).
+
+Long sequences (`long_sequence_layers`; roctune.memory.plan turns it on from 2,048 tokens, or --grad-checkpointing):
+every decoder layer is checkpointed, so between forward and backward a layer keeps only its input (hidden x tokens);
+inside the layer recomputed in backward, the MLP runs in sequence tiles (TiledMLP), so its [tokens x intermediate]
+tensors, the largest of a layer at 4 x intermediate per token with their gradients, exist a tile at a time; on a
+GPU from 16k tokens the kept inputs wait in pinned host memory (offloading_checkpoint). Attention needs nothing of
+ours: SDPA runs torch's flash kernel on the CPU too (output and log-sum-exp kept, O(length); tested), and the
+flash/memory-efficient kernels on GPUs. The output layer is chunked (training/losses.py)."""
 from __future__ import annotations
 
 import functools

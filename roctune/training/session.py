@@ -149,6 +149,12 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
     if ckpt is not None and ckpt.on:  # chosen in `choose`, with its reason (roctune.memory.plan)
         tiles = plan.family if "gated_mlp" in plan.on else None
         log.info("long sequences: %s", long_sequence_layers(model, ckpt.offload, tiles))
+        from roctune.memory.plan import LONG_SEQUENCE
+
+        if setup.device == "cpu" and cfg.max_length >= LONG_SEQUENCE:
+            from roctune.hardware.allocator import map_large_allocations
+
+            map_large_allocations()  # freed tensors leave the process at once (see there)
         if "lora_dropout" in plan.on:
             log.info("LoRA dropout: %d adapters draw a 1-byte mask", mask_lora_dropout(model))
     elif plan.on:
