@@ -41,10 +41,14 @@ def write_example(path: str, length: int) -> None:
 
 
 def _run_child(argv: list[str], env: dict) -> tuple[int, str, float]:
-    """(exit status, stdout+stderr, peak RSS in bytes) of one child process."""
+    """(exit status, stdout+stderr, peak RSS in bytes) of one child process; prints its wall time."""
+    import time
+
     with tempfile.TemporaryFile() as out:
+        t0 = time.monotonic()
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         _, status, usage = os.wait4(p.pid, 0)
+        print(f"  ({time.monotonic() - t0:.0f} s: {' '.join(argv[1:4])} ...)", flush=True)
         out.seek(0)
         return os.waitstatus_to_exitcode(status), out.read().decode(errors="replace"), usage.ru_maxrss * 1024.0
 
