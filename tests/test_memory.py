@@ -386,7 +386,7 @@ def test_cli_json_qlora_7b_on_12gb(capsys):
 def test_cli_table_and_fixes(capsys):
     from roctune.cli import main
 
-    rc = main(["estimate", "--model", "Mistral-7B", "--batch-size", "8", "--max-length", "2048", "--vram", "24"])
+    rc = main(["estimate", "--model", "Mistral-7B", "--batch-size", "16", "--max-length", "1024", "--vram", "24"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "does not fit" in out and "--max-length" in out and "total" in out

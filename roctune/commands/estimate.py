@@ -13,7 +13,9 @@ def register(sub) -> None:
                         "(see --list-models)")
     p.add_argument("--method", choices=["lora", "qlora", "freeze", "full"], default="lora")
     p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
-    p.add_argument("--max-length", type=int, default=512, help="tokens per example")
+    p.add_argument("--max-length", default="512", metavar="N|auto",
+                   help="tokens per example; auto: the longest that fits the GPU (--gpu/--vram/detected) or, with "
+                        "--device cpu, this machine's RAM")
     p.add_argument("--lora-r", type=int, default=8, help="LoRA rank")
     p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (adds a saved mask)")
     p.add_argument("--target-modules", nargs="+", metavar="NAME", default=None,
@@ -21,7 +23,8 @@ def register(sub) -> None:
     p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                    help="auto: bf16 on a GPU, fp32 with --device cpu")
-    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute activations in backward (train chooses it itself from 2,048 tokens on)")
     p.add_argument("--attn", choices=["auto", "eager", "sdpa", "flash_attention_2"], default="auto",
                    help="attention kernel (auto: sdpa)")
     p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd"], default="adamw")
@@ -29,7 +32,8 @@ def register(sub) -> None:
                    help="share of positions where logits are computed (roctune's trainer computes them only "
                         "at trained positions: e.g. 0.3 for short answers after long prompts)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cuda (NVIDIA or AMD ROCm) adds GPU context/allocator overhead; cpu estimates tensor RAM")
+                   help="cuda (NVIDIA or AMD ROCm) adds GPU context/allocator overhead; cpu estimates the training "
+                        "process's peak RSS")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--gpu", metavar="NAME", help='GPU from the built-in table, e.g. "7900xtx", "mi300x", "rtx 4090"')
     g.add_argument("--vram", type=float, metavar="GB", help="GPU memory in GB as printed on the card (GiB)")
@@ -44,8 +48,17 @@ def register(sub) -> None:
 def check_args(args) -> None:
     """Every number, by the same rules as `roctune train`'s settings where the flag is one of them."""
     from roctune.config import check_number, check_settings
+    from roctune.errors import ConfigError
 
-    check_settings(args, ("batch_size", "max_length", "lora_r", "lora_dropout"))
+    if str(args.max_length).strip().lower() == "auto":
+        args.max_length = "auto"
+    else:
+        try:
+            args.max_length = int(args.max_length)
+        except ValueError:
+            raise ConfigError(f"--max-length {args.max_length!r}: expected a number of tokens or auto") from None
+    check_settings(args, ("batch_size", "lora_r", "lora_dropout") + (() if args.max_length == "auto"
+                                                                      else ("max_length",)))
     check_number("--supervised-fraction", args.supervised_fraction, gt=0, le=1)
     check_number("--vram", args.vram, gt=0, le=1 << 20)  # GB; beyond a petabyte is a typo, and int() of inf fails
 
@@ -72,6 +85,8 @@ def run(args) -> int:
     from rich.table import Table
 
     from roctune import hardware, memory
+    from roctune.memory.fit import fit_kwargs
+    from roctune.memory.plan import estimate_run
 
     check_args(args)
     console = Console()
@@ -94,17 +109,16 @@ def run(args) -> int:
         console.print(t)
         return 0
 
-    dtype = args.dtype
-    if dtype == "auto":
-        dtype = "fp32" if args.device == "cpu" and args.method != "qlora" else "bf16"
-    kwargs = dict(method=args.method, batch_size=args.batch_size, max_length=args.max_length, lora_r=args.lora_r,
-                  target_modules=args.target_modules, dtype=dtype, grad_checkpointing=args.grad_checkpointing,
-                  attn="sdpa" if args.attn == "auto" else args.attn, optimizer=args.optimizer,
-                  supervised_fraction=args.supervised_fraction, lora_dropout=args.lora_dropout,
-                  freeze_trainable_layers=args.freeze_layers, device=args.device)
-    arch = memory.Architecture.from_config(args.model)
-    est = memory.estimate(arch, **kwargs)
     gpu, vram = _gpu(args)
+    if args.device == "cpu" and vram is None:
+        vram = hardware.system_memory_bytes()
+        gpu = "this machine's RAM" if vram else None
+    cfg = _train_settings(args)
+    arch = memory.Architecture.from_config(args.model)
+    if args.max_length == "auto":
+        return _auto_length(arch, cfg, args, gpu, vram, console)
+    est = estimate_run(arch, cfg, device=args.device, supervised_fraction=args.supervised_fraction)
+    kwargs = fit_kwargs(est)
     fixes = memory.fit_suggestions(arch, vram, **kwargs) if vram is not None and not est.fits(vram) else []
     largest = memory.largest_fitting(arch, vram, **kwargs) if vram is not None and args.suggest else None
 
@@ -143,4 +157,42 @@ def run(args) -> int:
                       f"{b if b is not None else 'none (even batch 1 does not fit)'}")
         console.print(f"largest --max-length at --batch-size {largest['at_batch_size']}: "
                       f"{l if l is not None else 'none (even length 1 does not fit)'}")
+    return 0
+
+
+def _train_settings(args):
+    """The flags as the settings `roctune train` would run with (the names roctune.memory.plan.estimate_run reads)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(method=args.method, batch_size=args.batch_size, max_length=args.max_length,
+                           lora_r=args.lora_r, lora_dropout=args.lora_dropout, target_modules=args.target_modules,
+                           freeze_trainable_layers=args.freeze_layers, dtype=args.dtype, attn=args.attn,
+                           grad_checkpointing=args.grad_checkpointing, grad_accum=1, optimizer=args.optimizer,
+                           loss_on_supervised_only=True)
+
+
+def _auto_length(arch, cfg, args, where, memory_bytes, console) -> int:
+    """`--max-length auto`: the longest length whose estimate (train's plan for that length) fits."""
+    import json
+
+    from roctune.errors import ConfigError
+    from roctune.memory import GiB
+    from roctune.memory.plan import estimate_run, longest_length
+
+    if memory_bytes is None:
+        raise ConfigError("--max-length auto needs the memory to fit: pass --gpu NAME or --vram GB (or --device cpu)")
+    best = longest_length(arch, cfg, memory_bytes, device=args.device, supervised_fraction=args.supervised_fraction)
+    est = estimate_run(arch, cfg, device=args.device, max_length=best, supervised_fraction=args.supervised_fraction) if best else None
+    if args.json:
+        print(json.dumps({"max_length": best, "memory_bytes": memory_bytes, "where": where,
+                          "estimate": est.to_dict() if est else None}, indent=2))
+        return 0
+    if best is None:
+        console.print(f"even 64 tokens do not fit {where} ({memory_bytes / GiB:.1f} GiB)")
+        return 0
+    console.print(est.format_table())
+    console.print(f"longest --max-length that fits {where} ({memory_bytes / GiB:.1f} GiB): {best:,} tokens "
+                  f"(batch {args.batch_size}, {est.total_bytes / GiB:.2f} GiB estimated)")
+    if arch.max_positions and best > arch.max_positions:
+        console.print(f"note: beyond {arch.name}'s native context of {arch.max_positions:,} tokens")
     return 0

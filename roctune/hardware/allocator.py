@@ -36,3 +36,32 @@ def users_environment(environ=None) -> dict[str, str]:
     if _set_by_roctune:
         env.pop(ENV, None)
     return env
+
+
+# glibc's mallopt parameter number of M_MMAP_THRESHOLD (malloc.h)
+_M_MMAP_THRESHOLD = -3
+# Allocations of this size and more get their own mapping, returned to the system when freed.
+MMAP_THRESHOLD = 2 * 2 ** 20
+
+
+def map_large_allocations(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Give every CPU allocation of `threshold` bytes or more its own mapping (glibc's mallopt M_MMAP_THRESHOLD),
+    so a freed tensor's memory goes back to the system at once. Returns whether it was set (Linux with glibc only).
+
+    Why, for long sequences on the CPU: glibc raises its threshold to each freed mapping's size, up to 32 MiB, after
+    which tensors of that size come from the heap, which returns memory only from its top. A checkpointed step
+    interleaves long-lived layer inputs with short-lived per-layer tensors, so freed ones stay resident as holes:
+    the peak RSS at 4k tokens was above the one at 8k (issue 36), where the same tensors pass 32 MiB and are mapped.
+    Setting the threshold fixes it (and stops its adjustment). The cost is a page fault per fresh mapping, which
+    transparent huge pages (use_huge_pages) make 2 MiB at a time: small beside a long sequence's step, which is why
+    roctune sets it only for those (roctune.memory.plan's long-sequence plan)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False

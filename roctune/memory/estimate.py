@@ -31,6 +31,11 @@ recomputing a checkpointed layer, optimizer step (gradients + temporaries); grad
 micro-batches add to all of them when grad_accum > 1. On the CPU this matches measured peaks of 21 runs
 (fp32 and bf16+autocast; LoRA, full, freeze) within 0.3% (tests/data/memory_measured_cpu.json, measured
 by scripts/measure_memory.py). Not yet checked against a GPU.
+
+Long sequences (`long_context`, `chunked_head`, `rss`: what roctune.memory.plan.estimate_run sets as `train` runs
+them): the checkpointed layers keep their inputs, the recomputed one its MLP a tile at a time, the output layer
+keeps hidden-wide gradients instead of vocabulary-wide logits, and on the CPU the process's own memory is added so
+the figure compares with peak RSS (scripts/bench_long_context.py prints both).
 """
 from __future__ import annotations
 
@@ -54,6 +59,14 @@ _OPTIMIZER_ALIASES = {"adamw_8bit": "adamw8bit", "adam": "adamw", "paged_adamw_8
 QLORA_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 GPU_CONTEXT_BYTES = GiB // 2
 FRAGMENTATION = 0.10
+# A roctune training process on the CPU before its first tensor: the interpreter, torch, transformers, peft and
+# roctune imported (measured RSS 0.385 GiB, Python 3.12, torch 2.13); added with rss=True.
+CPU_PROCESS_BYTES = int(0.38 * GiB)
+# roctune.training.losses.CHUNK_ELEMENTS (logit elements per chunk of the chunked output layer); memory imports no
+# torch, so the number is repeated here and tests/test_long_context.py checks the two agree.
+HEAD_CHUNK_ELEMENTS = 8 * 2 ** 20
+# roctune.training.activations.TILE_ELEMENTS (MLP tile size), checked the same way.
+MLP_TILE_ELEMENTS = 4 * 2 ** 20
 
 
 def _norm_choice(value: str, valid, aliases: dict, flag: str) -> str:
@@ -119,6 +132,10 @@ class _Run:
     padded: bool
     grad_accum: int
     autocast: bool
+    long_context: bool = False  # MLP in sequence tiles inside the checkpointed layers
+    offload: bool = False       # checkpointed layer inputs in host memory
+    chunked_head: bool = False  # the frozen output layer run in chunks (roctune.training.losses)
+    rss: bool = False
 
     @property
     def T(self) -> int:  # tokens per micro-batch
@@ -134,7 +151,8 @@ class _Run:
 
 
 def _checked_run(arch: Architecture, method, batch_size, max_length, lora_r, dtype, grad_checkpointing, attn,
-                 optimizer, supervised_fraction, lora_dropout, padded, device, grad_accum, autocast) -> _Run:
+                 optimizer, supervised_fraction, lora_dropout, padded, device, grad_accum, autocast,
+                 **long_context) -> _Run:
     method = _norm_choice(method, METHODS, {}, "--method")
     dtype = _norm_choice(dtype, tuple(DTYPE_BYTES), _DTYPE_ALIASES, "--dtype")
     attn = _norm_choice(attn, ATTENTIONS, _ATTN_ALIASES, "--attn")
@@ -152,7 +170,8 @@ def _checked_run(arch: Architecture, method, batch_size, max_length, lora_r, dty
     if autocast is None:
         autocast = device == "cuda"  # as roctune's trainer does
     return _Run(arch, method, dtype, attn, optimizer, device, int(batch_size), int(max_length), lora_r,
-                lora_dropout, grad_checkpointing, supervised_fraction, padded, int(grad_accum), bool(autocast))
+                lora_dropout, grad_checkpointing, supervised_fraction, padded, int(grad_accum), bool(autocast),
+                **{k: bool(v) for k, v in long_context.items()})
 
 
 @dataclass
@@ -228,7 +247,13 @@ def _activations(r: _Run, p: _Params, details: dict) -> tuple[float, float]:
     quad = _quadratic(r)
     layer_bytes = per_tok * T + quad
     recompute = 0
-    if r.grad_checkpointing and saving_layers:
+    if r.grad_checkpointing and saving_layers and r.long_context:
+        recompute = _tiled_recompute(r, per_tok, quad)
+        kept = 1 if r.offload else saving_layers  # offloaded: only the layer being recomputed is back on the device
+        act = kept * T * H * s + recompute
+        details["activations"] = (f"checkpointing: {saving_layers} layer inputs" + (" in host memory" if r.offload
+                                  else "") + f" + 1 layer recomputed, its MLP in tiles")
+    elif r.grad_checkpointing and saving_layers:
         # each layer's input is kept; during backward one layer is recomputed, plus its gradient buffers
         recompute = layer_bytes + T * (2 * arch.intermediate + 3 * H) * s
         act = saving_layers * T * H * s + recompute
@@ -251,6 +276,16 @@ def _activations(r: _Run, p: _Params, details: dict) -> tuple[float, float]:
         act += 2 * big * s  # weights dequantized for the forward/backward matmuls
         details["activations"] += "; + dequantized weight workspace"
     return act, recompute
+
+
+def _tiled_recompute(r: _Run, per_tok: float, quad: float) -> float:
+    """One checkpointed layer recomputed in backward with its MLP in tiles: what the layer keeps without the MLP's
+    [tokens x intermediate] tensors, plus the MLP's input and output and the layer's gradient buffers per token, plus
+    one tile's intermediates (gate, up, act, product and their gradients)."""
+    arch, s, T, H, I = r.arch, r.s, r.T, r.arch.hidden, r.arch.intermediate
+    mlp = (3 if arch.gated_mlp else 2) * I * s
+    rows = min(T, max(256, MLP_TILE_ELEMENTS // max(1, I)))
+    return (per_tok - mlp + 2 * H * s) * T + quad + T * 3 * H * s + rows * 6 * I * s
 
 
 def _quadratic(r: _Run) -> float:
@@ -303,7 +338,8 @@ def _settings(r: _Run, p: _Params) -> dict:
                 "grad_checkpointing": bool(r.grad_checkpointing), "attn": r.attn, "optimizer": r.optimizer,
                 "supervised_fraction": r.supervised_fraction,
                 "lora_dropout": r.lora_dropout if (r.lora and r.lora_dropout > 0) else 0.0,
-                "device": r.device, "grad_accum": r.grad_accum, "autocast": r.autocast}
+                "device": r.device, "grad_accum": r.grad_accum, "autocast": r.autocast,
+                "long_context": r.long_context, "offload": r.offload, "chunked_head": r.chunked_head, "rss": r.rss}
     if r.method == "freeze":
         settings["freeze_trainable_layers"] = p.trained_layers
     return settings
@@ -313,7 +349,8 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
              target_modules=None, dtype: str = "bf16", grad_checkpointing: bool = False, attn: str = "sdpa",
              optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
              freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
-             grad_accum: int = 1, autocast: bool | None = None) -> MemoryEstimate:
+             grad_accum: int = 1, autocast: bool | None = None, long_context: bool = False, offload: bool = False,
+             chunked_head: bool = False, rss: bool = False) -> MemoryEstimate:
     """Estimate the peak memory of one training step. See the module docstring for what is counted.
 
     config: a transformers PretrainedConfig, a config dict, a model directory/config.json/GGUF path, a hub
@@ -328,10 +365,15 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     grad_accum: micro-batches per optimizer step. Above 1, the gradients of earlier micro-batches are alive
     while activations are; with 1, gradients appear only as activations are freed in backward, so the peak
     is the larger of the two (this matters for full/freeze, where gradients are as large as the weights).
+    long_context (with grad_checkpointing): the MLP runs in sequence tiles inside the checkpointed layers;
+    offload: their inputs wait in host memory (GPU); chunked_head: the frozen output layer runs in chunks (roctune's
+    loss at supervised positions); rss: on the CPU, add the process's own memory (for comparing with peak RSS).
+    roctune.memory.plan.estimate_run sets these as `train` does.
     """
     arch = config if isinstance(config, Architecture) else Architecture.from_config(config)
     r = _checked_run(arch, method, batch_size, max_length, lora_r, dtype, grad_checkpointing, attn, optimizer,
-                     supervised_fraction, lora_dropout, padded, device, grad_accum, autocast)
+                     supervised_fraction, lora_dropout, padded, device, grad_accum, autocast,
+                     long_context=long_context, offload=offload, chunked_head=chunked_head, rss=rss)
     notes: list[str] = []
     details: dict[str, str] = {}
     p = _parameters(r, target_modules, freeze_trainable_layers, details)
@@ -340,12 +382,22 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     opt_bytes = _optimizer_states(r.optimizer, p.trainable, details)
     act, recompute = _activations(r, p, details)
     sup_tokens = r.T * r.supervised_fraction
-    logits = 12 * sup_tokens * arch.vocab  # fp32 log-softmax output, its gradient and the logits' gradient
-    details["logits_loss"] = f"{sup_tokens:,.0f} positions x {arch.vocab:,} vocab x 12 bytes (fp32 loss + gradients)"
+    if r.chunked_head:
+        # kept: d logp / d hidden per position (fp32) and the supervised rows of the hidden state; transient: one
+        # chunk's logits, their log-softmax and its gradient
+        logits = sup_tokens * arch.hidden * (4 + r.s) + 3 * 4 * HEAD_CHUNK_ELEMENTS
+        details["logits_loss"] = (f"chunked output layer: {sup_tokens:,.0f} positions x {arch.hidden:,} hidden kept + "
+                                  "one chunk of logits")
+    else:
+        logits = 12 * sup_tokens * arch.vocab  # fp32 log-softmax output, its gradient and the logits' gradient
+        details["logits_loss"] = f"{sup_tokens:,.0f} positions x {arch.vocab:,} vocab x 12 bytes (fp32 loss + gradients)"
     step_ws = _step_workspace(r, p, details)
     not_together = _not_concurrent(r, act, recompute, logits, grads, step_ws, details)
     overhead = (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if r.device == "cuda" else 0
     details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
+    if r.rss:
+        overhead = CPU_PROCESS_BYTES
+        details["overhead"] = "the process itself: interpreter and libraries (peak RSS counts them)"
     breakdown = {"weights": int(p.weights), "trainable_params": int(p.trainable_bytes),
                  "autocast_copies": int(p.copies), "gradients": int(grads), "optimizer_states": int(opt_bytes),
                  "activations": int(act), "logits_loss": int(logits), "optimizer_step": int(step_ws),

@@ -19,11 +19,12 @@ class Fix:
     total_bytes: int
 
 
-def _kwargs(est: MemoryEstimate) -> dict:
+def fit_kwargs(est: MemoryEstimate) -> dict:
+    """The estimate() keyword arguments `est` was made with."""
     s = est.settings
     kw = {k: s[k] for k in ("method", "batch_size", "max_length", "dtype", "grad_checkpointing", "attn",
                             "optimizer", "supervised_fraction", "lora_dropout", "device", "grad_accum",
-                            "autocast")}
+                            "autocast", "long_context", "offload", "chunked_head", "rss")}
     kw["lora_r"] = s["lora_r"] or 8
     kw["target_modules"] = s["target_modules"]
     if "freeze_trainable_layers" in s:
@@ -107,7 +108,7 @@ def fit_suggestions(config: Any, vram_bytes: int, **kwargs) -> list[Fix]:
     base = estimate(arch, **kwargs)
     if base.fits(vram_bytes):
         return []
-    kw = _kwargs(base)
+    kw = fit_kwargs(base)
     singles: list[Fix | None] = []
     if not kw["grad_checkpointing"]:
         singles.append(_attempt(arch, vram_bytes, kw, "--grad-checkpointing", grad_checkpointing=True))

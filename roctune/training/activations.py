@@ -25,7 +25,15 @@ micro-batch by micro-batch, so the shared machine's noise hits both), over all 4
 on LLaMA-Factory's alpaca demo (~210 tokens per example): 160.8 s plain, 145.2 s slim (-9.7%). With torch's dropout
 noise in place of `keep_mask` the slim model was 3.7% slower than plain: the dropout draws alone are 8.5% of a
 step in torch.profiler. Under --grad-checkpointing, which already recomputes whole layers, only the dropout moves
-(its masks are drawn again, identically, when a layer is recomputed: checkpoint restores the RNG state)."""
+(its masks are drawn again, identically, when a layer is recomputed: checkpoint restores the RNG state).
+
+Long sequences (`long_sequence_layers`; roctune.memory.plan turns it on from 2,048 tokens, or --grad-checkpointing):
+every decoder layer is checkpointed, so between forward and backward a layer keeps only its input (hidden x tokens);
+inside the layer recomputed in backward, the MLP runs in sequence tiles (TiledMLP), so its [tokens x intermediate]
+tensors, the largest of a layer at 4 x intermediate per token with their gradients, exist a tile at a time; on a
+GPU from 16k tokens the kept inputs wait in pinned host memory (offloading_checkpoint). Attention needs nothing of
+ours: SDPA runs torch's flash kernel on the CPU too (output and log-sum-exp kept, O(length); tested), and the
+flash/memory-efficient kernels on GPUs. The output layer is chunked (training/losses.py)."""
 from __future__ import annotations
 
 import functools
@@ -64,6 +72,21 @@ def keep_mask(x, p: float):
     keep = torch.empty(x.shape, dtype=torch.uint8)
     torch.ge(bits.view(torch.int16)[:x.numel()].view(x.shape), drop - levels // 2, out=keep)
     return keep, levels / (levels - drop)
+
+
+class _RecomputedLater:
+    """Inside: a forward without a graph whose backward runs it again with one (TiledMLP's tiles, the reentrant
+    checkpoint's layer). LoRA dropout then draws its masks as it will when recomputed (keep_mask, not F.dropout), so
+    the forward's output and the gradients see the same masks."""
+
+    depth = 0
+
+    def __enter__(self):
+        type(self).depth += 1
+
+    def __exit__(self, *exc):
+        type(self).depth -= 1
+
 
 
 def _make_dropped_linear():
@@ -105,7 +128,7 @@ def _make_dropped_linear():
         p: float = 0.0
 
         def forward(self, x):
-            if self.training and self.p > 0 and torch.is_grad_enabled():
+            if self.training and self.p > 0 and (torch.is_grad_enabled() or _RecomputedLater.depth):
                 return DropThenLinear.apply(x, self.weight, self.p)
             return F.linear(F.dropout(x, self.p, self.training), self.weight)
 
@@ -188,3 +211,159 @@ def slim(model, on, family=None) -> str:
              if "gated_mlp" in on and family is not None else 0)
     return (f"{n_lora} LoRA dropouts keep a 1-byte mask instead of two copies of their input; "
             f"{n_mlp} MLPs recompute act(gate) in backward")
+
+
+# Rows of the MLP per tile: its [rows x intermediate] tensors stay near 4 Mi elements (16 MiB in fp32) whatever the
+# length, and a tile is long enough that its matmuls run as fast as whole-sequence ones.
+TILE_ELEMENTS = 4 * 2 ** 20
+MIN_TILE_ROWS = 256
+
+
+def tile_rows(intermediate: int) -> int:
+    """Rows of one MLP tile for an MLP `intermediate` wide (shared with roctune.memory's estimate)."""
+    return max(MIN_TILE_ROWS, TILE_ELEMENTS // max(1, intermediate))
+
+
+def _make_tiled_mlp():
+    import torch
+
+    class TiledMLP(torch.autograd.Function):
+        """fn(x) for a position-wise `fn` (an MLP), computed `rows` positions at a time; keeps only x for backward.
+
+        Forward runs the tiles without a graph. Backward runs each tile again with one, takes its gradients
+        (input and the trainable parameters passed in `params`) and frees it before the next tile, so the
+        [tokens x intermediate] tensors of the MLP (gate, up, act(gate), their product and their gradients) exist a
+        tile at a time. The RNG state of the forward is restored first, so LoRA dropout inside the MLP redraws the
+        same masks in the same tile order: the loss and the gradients are the plain path's up to float rounding
+        (summing the parameter gradients tile by tile). Arctic/axolotl's TiledMLP does the same on GPUs."""
+
+        @staticmethod
+        def forward(ctx, fn, rows, x, *params):
+            ctx.fn, ctx.rows, ctx.n_params = fn, rows, len(params)
+            ctx.rng = _rng_state(x.device)
+            kind = x.device.type
+            ctx.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+            ctx.save_for_backward(x, *params)
+            flat = x.reshape(-1, x.shape[-1])
+            with torch.no_grad(), _RecomputedLater():
+                out = torch.cat([fn(flat[i:i + rows]) for i in range(0, flat.shape[0], rows)])
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, *params = ctx.saved_tensors
+            flat, g = x.detach().reshape(-1, x.shape[-1]), grad_out.reshape(-1, grad_out.shape[-1])
+            want_x = ctx.needs_input_grad[2]
+            grad_x = torch.empty_like(flat) if want_x else None
+            grads: list = [None] * len(params)
+            kind, autocast, dtype = ctx.autocast  # the tiles run again as the forward ran them
+            with _restored_rng(x.device, ctx.rng), torch.enable_grad(), torch.autocast(kind, dtype, autocast):
+                for i in range(0, flat.shape[0], ctx.rows):
+                    part = flat[i:i + ctx.rows].detach().requires_grad_(want_x)
+                    inputs = ([part] if want_x else []) + list(params)
+                    got = torch.autograd.grad(ctx.fn(part), inputs, g[i:i + ctx.rows], allow_unused=True)
+                    if want_x:
+                        grad_x[i:i + ctx.rows] = got[0]
+                    for k, gk in enumerate(got[1:] if want_x else got):
+                        if gk is not None:
+                            grads[k] = gk if grads[k] is None else grads[k].add_(gk)
+            return (None, None, grad_x.reshape(x.shape) if want_x else None, *grads)
+
+    return TiledMLP
+
+
+def _rng_state(device):
+    import torch
+
+    return (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+class _restored_rng:
+    """Within: the RNG state of `state` (CPU, and the GPU's); after: the state from before, as if never entered."""
+
+    def __init__(self, device, state):
+        self.device, self.state = device, state
+
+    def __enter__(self):
+        import torch
+
+        self.saved = _rng_state(self.device)
+        torch.set_rng_state(self.state[0])
+        if self.state[1] is not None:
+            torch.cuda.set_rng_state(self.state[1], self.device)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_rng_state(self.saved[0])
+        if self.saved[1] is not None:
+            torch.cuda.set_rng_state(self.saved[1], self.device)
+
+
+@functools.lru_cache(maxsize=1)
+def _tiled_mlp_class():
+    return _make_tiled_mlp()
+
+
+def _tiled_forward(mlp, plain_forward, rows, x):
+    import torch
+
+    # a graph-free forward that backward will recompute tiles alike (its dropout masks are drawn per tile)
+    if not (mlp.training and (torch.is_grad_enabled() or _RecomputedLater.depth)) or x.numel() // x.shape[-1] <= rows:
+        return plain_forward(x)
+    params = [p for p in mlp.parameters() if p.requires_grad]
+    return _tiled_mlp_class().apply(plain_forward, rows, x, *params)
+
+
+def tile_mlps(model, classes: tuple[str, ...], intermediate: int) -> int:
+    """Run the MLPs of the transformers classes in `classes` (a family's proven MLPs) in sequence tiles while
+    training (TiledMLP). Meant inside checkpointed layers: there the MLP's intermediates are what a layer's
+    recompute adds per token. Returns how many changed."""
+    rows = tile_rows(intermediate)
+    changed = 0
+    for module in model.modules():
+        if type(module).__name__ in classes and type(module).__module__.startswith("transformers.models."):
+            module.forward = functools.partial(_tiled_forward, module, module.forward, rows)
+            changed += 1
+    return changed
+
+
+def offloading_checkpoint(fn, *args):
+    """torch's reentrant checkpoint of one decoder layer under save_on_cpu: the layer input it keeps (the only
+    tensor a checkpointed layer keeps until backward: hidden x tokens, every layer's together the largest part of
+    a long sequence's memory) waits in pinned host memory and comes back when backward reaches the layer.
+
+    Why reentrant here: torch's non-reentrant checkpoint holds the layer's inputs by reference, out of reach of
+    saved-tensor hooks; the reentrant one saves them with save_for_backward, which save_on_cpu moves. Its copies
+    are synchronous, one D2H and one H2D copy of hidden x tokens per layer per step: small beside the layer's own
+    compute at the lengths that need it. The RNG state is kept, so dropout redraws the same masks."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def run(*inputs):  # forward without a graph, recomputed in backward with one: LoRA dropout draws alike
+        with _RecomputedLater():
+            return fn(*inputs)
+
+    with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+        return checkpoint(run, *args, use_reentrant=True)
+
+
+def long_sequence_layers(model, offload: bool, family=None) -> str:
+    """Checkpoint every decoder layer (non-reentrant; with `offload`, offloading_checkpoint), and run the family's
+    MLPs in sequence tiles inside them. Returns what changed, for the log."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    n_off = 0
+    if offload:
+        for module in model.modules():
+            if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
+                module._gradient_checkpointing_func = offloading_checkpoint
+                n_off += 1
+    n_mlp = 0
+    if family is not None:  # position-wise: fused gate_up MLPs tile the same way
+        config = getattr(model, "config", None)
+        n_mlp = tile_mlps(model, family.mlp_classes, int(getattr(config, "intermediate_size", 0) or 0))
+    return (f"every layer checkpointed{f', {n_off} with their inputs in host memory' if n_off else ''}; "
+            f"{n_mlp} MLPs run in sequence tiles")

@@ -28,12 +28,10 @@ def free_memory(device: str) -> None:
 
 def _estimate_text(cfg, setup, micro_size: int) -> str:
     try:
-        from roctune.memory import estimate
+        from roctune.memory.plan import estimate_run
 
-        est = estimate(setup.base_model, method=cfg.method, batch_size=micro_size, max_length=cfg.max_length,
-                       lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
-                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn, lora_dropout=cfg.lora_dropout,
-                       device=setup.device)
+        est = estimate_run(setup.base_model, cfg, device=setup.device, dtype=setup.dtype, attn=setup.attn,
+                           batch_size=micro_size, packed=setup.packed)
         return f" (estimated peak {est.total_bytes / 2**30:.1f} GiB)"
     except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not hide the error
         return ""
@@ -45,7 +43,7 @@ def out_of_memory_error(cfg, setup, step: int, micro_size: int) -> RoctuneError:
     options = ["--auto-batch (retries with smaller micro-batches and more accumulation, same effective batch)",
                f"--batch-size {half} --grad-accum {cfg.grad_accum * math.ceil(micro_size / half)}",
                f"--max-length {max(64, cfg.max_length // 2)}"]
-    if not cfg.grad_checkpointing:
+    if not (cfg.grad_checkpointing or (setup.checkpointing and setup.checkpointing.on)):
         options.append("--grad-checkpointing")
     if cfg.method == "lora":
         options.append("--method qlora")

@@ -26,12 +26,14 @@ class Setup:
     attn: str
     reasons: dict[str, str] = field(default_factory=dict)
     packed: bool = False
+    checkpointing: object = None  # roctune.memory.plan.Checkpointing: layers checkpointed, MLP tiles, offload
     tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
 
 
 def choose(cfg, base_model: str) -> Setup:
     """Device, dtype and attention kernel for this machine and cfg, each with its reason."""
     from roctune.hardware import choose_attention, choose_device, choose_dtype
+    from roctune.memory.plan import choose_checkpointing
     from roctune.models import fit_attention
 
     device = choose_device(cfg.device)
@@ -45,8 +47,10 @@ def choose(cfg, base_model: str) -> Setup:
     # Sequence parallelism cuts rows into token slices, which a packed row's restarting positions would not survive.
     packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
                                      and cfg.batch_size > 1 and cfg.sequence_parallel == 1)
+    ckpt = choose_checkpointing(cfg.grad_checkpointing, cfg.max_length, device.value)
     return Setup(base_model, device.value, dtype.value, attn.value,
-                 {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason}, packed)
+                 {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason, "checkpointing": ckpt.reason},
+                 packed, ckpt)
 
 
 def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
@@ -64,6 +68,7 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     if dist.is_main:
         for what in ("device", "dtype", "attn"):
             say(f"{'attention' if what == 'attn' else what}: {getattr(setup, what)} ({setup.reasons[what]})")
+        say(f"checkpointing: {setup.checkpointing.value} ({setup.reasons['checkpointing']})")
         from roctune.models import context_warning
 
         warning = context_warning(base_model, cfg.max_length, cfg.rope_scaling)
@@ -141,14 +146,21 @@ def build_trainable(cfg, setup: Setup, base_model: str, say):
     parameters train. Returns (model, plan)."""
     from roctune.methods import build_model
     from roctune.training import shortcuts
-    from roctune.training.activations import mask_lora_dropout, slim
+    from roctune.training.activations import long_sequence_layers, mask_lora_dropout, slim
 
     model = build_model(cfg, setup, base_model, say)
     plan = shortcuts.plan(model)
     say(plan.describe())
-    if cfg.grad_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+    ckpt = setup.checkpointing
+    if ckpt is not None and ckpt.on:  # chosen in `choose`, with its reason (roctune.memory.plan)
+        tiles = plan.family if "gated_mlp" in plan.on else None
+        log.info("long sequences: %s", long_sequence_layers(model, ckpt.offload, tiles))
+        from roctune.memory.plan import LONG_SEQUENCE
+
+        if setup.device == "cpu" and cfg.max_length >= LONG_SEQUENCE:
+            from roctune.hardware.allocator import map_large_allocations
+
+            map_large_allocations()  # freed tensors leave the process at once (see there)
         if "lora_dropout" in plan.on:
             log.info("LoRA dropout: %d adapters draw a 1-byte mask", mask_lora_dropout(model))
     elif plan.on:
@@ -179,7 +191,8 @@ def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: in
         "base_model": setup.base_model,
         "config": resolved,
         "resolved": {"device": setup.device, "dtype": setup.dtype, "attn": setup.attn,
-                     "packed": setup.packed, "reasons": setup.reasons, "processes": world_size},
+                     "packed": setup.packed, "reasons": setup.reasons, "processes": world_size,
+                     "checkpointing": setup.checkpointing.value if setup.checkpointing else "off"},
         "tool_format": setup.tool_format,
         "data": {"train_examples": n_train, "eval_examples": n_eval, "total_steps": total_steps},
     })
@@ -223,14 +236,10 @@ def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: fl
     """Estimate memory before loading the model and warn when the run will not fit the GPU (or, for freeze and
     full on the CPU, the free RAM)."""
     try:
-        from roctune.memory import estimate
+        from roctune.memory.plan import estimate_run
 
-        est = estimate(base_model, method=cfg.method, batch_size=cfg.batch_size, max_length=cfg.max_length,
-                       lora_r=cfg.lora_r, target_modules=cfg.target_modules, dtype=setup.dtype,
-                       grad_checkpointing=cfg.grad_checkpointing, attn=setup.attn,
-                       freeze_trainable_layers=abs(cfg.freeze_trainable_layers), lora_dropout=cfg.lora_dropout,
-                       grad_accum=cfg.grad_accum, padded=not setup.packed, device=setup.device,
-                       supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0)
+        est = estimate_run(base_model, cfg, device=setup.device, dtype=setup.dtype, attn=setup.attn,
+                           supervised_fraction=supervised_fraction, packed=setup.packed)
         where, free = _memory_available(setup.device, cfg.method)
     except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not stop training
         return

@@ -19,17 +19,12 @@ from roctune.webui.train_form import ESTIMATE_FIELDS, FORM_GROUPS, OPEN_GROUPS, 
 def memory_html(cfg) -> str:
     """The memory estimate for these settings, and whether it fits this machine's GPU (or RAM)."""
     from roctune.hardware import choose_device, choose_dtype, detected_gpu, system_memory_bytes
-    from roctune.memory import estimate
+    from roctune.memory.plan import estimate_run
     from roctune.models import resolve_model
 
     device = choose_device(cfg.device).value
     dtype = choose_dtype(cfg.dtype, device).value
-    targets = "all-linear" if cfg.target_modules == ["all-linear"] else cfg.target_modules
-    est = estimate(resolve_model(cfg.model), method=cfg.method, batch_size=cfg.batch_size,
-                   max_length=cfg.max_length, lora_r=cfg.lora_r, target_modules=targets, dtype=dtype,
-                   lora_dropout=cfg.lora_dropout, attn="sdpa" if cfg.attn == "auto" else cfg.attn, device=device,
-                   grad_accum=cfg.grad_accum, grad_checkpointing=cfg.grad_checkpointing,
-                   freeze_trainable_layers=cfg.freeze_trainable_layers)
+    est = estimate_run(resolve_model(cfg.model), cfg, device=device, dtype=dtype)
     rows = "".join(f"<tr><td>{est.LABELS.get(k, k)}</td><td>{gib(v)}</td></tr>"
                    for k, v in est.breakdown.items() if v)
     if device == "cuda":
