@@ -247,6 +247,11 @@ class TrainConfig:
     attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
                         group="hardware",
                 zh=("注意力实现", "注意力内核"))
+    # ---- compiled layers and fused kernels (roctune.training.compiled, issue 38)
+    compile: str = setting("auto", "torch.compile the decoder layers (one compile serves every layer); auto: on a "
+                           "GPU for runs long enough to earn the compile time", choices=("auto", "on", "off"),
+                           group="hardware",
+                zh=("编译", "用 torch.compile 编译解码层（一次编译供所有层使用）；auto：在 GPU 上且训练足够长时开启"))
     selftest: bool = setting(False, "before loading the model, train a tiny model on this path (device, dtype, "
                              "attention, 4-bit) and compare with float64 on the CPU; stop on wrong numbers",
                              group="hardware",

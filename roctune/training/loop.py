@@ -138,6 +138,10 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, blob["weights"])
+    from roctune.training import compiled
+
+    # before DDP/FSDP wrap the model: the layers' forward is replaced in place, whatever wraps them later
+    say(compiled.apply(model, cfg.compile, setup.device, len(steps) - start, cfg.stage))
     forward, model, ddp = _engine(model, task, cfg, setup, dist)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg, setup.device)
@@ -331,6 +335,7 @@ class _State:
                     raise
                 self.recover(e, step, say)
         if self.dist.enabled:
+            sums = host_numbers(sums)
             values = distributed.sum_numbers(self.dist, [sums[k] for k in sums] + [n_tok], self.setup.device)
             sums, n_tok = dict(zip(sums, values[:-1])), int(values[-1])
         return sums, n_tok, norm
@@ -372,8 +377,8 @@ class _State:
                 with autocast(self.setup):
                     loss, extra = self.forward(items)
                 (loss * (weight * self.scale / norm)).backward()
-            if weight:
-                sums["loss"] += float(loss.detach())
+            if weight:  # device tensors: summed without waiting for the device; row() reads them once per step
+                sums["loss"] = sums["loss"] + loss.detach()
                 for k, v in extra.items():
                     sums[k] += v
                 if self.dist.sp_rank == 0:  # a sequence group's ranks share its items
@@ -394,6 +399,8 @@ class _State:
             f"(same {self.cfg.batch_size * self.cfg.grad_accum} examples per optimizer step)")
 
     def row(self, done: int, sums: dict, norm: float, n_tok: int, lr: float, grad_norm, dt: float) -> dict:
+        # the step's one wait for the device, for what the log shows
+        sums = host_numbers({**sums, "grad_norm": grad_norm} if grad_norm is not None else sums)
         row = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "loss": round(sums["loss"] / norm, 6),
                "lr": lr}
         for k in self.task.metric_names:
@@ -402,7 +409,7 @@ class _State:
         row.update(self.rollout_sums)
         self.task.derived(row)
         if grad_norm is not None:
-            row["grad_norm"] = round(grad_norm, 6)
+            row["grad_norm"] = round(sums["grad_norm"], 6)
         row.update({"tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3), "tokens": n_tok,
                     "micro_batch_size": self.micro_size,
                     "peak_memory_gib": round(peak_memory_gib(self.setup.device), 3)})
@@ -417,6 +424,19 @@ class _State:
     def evaluate(self, model) -> dict[str, float]:
         return evaluate(model, self.task, self.cfg.batch_size, self.setup,
                         distributed.SINGLE if self.cfg.fsdp else self.dist, self.say)
+
+
+def host_numbers(sums: dict) -> dict[str, float]:
+    """{name: float} from a step's sums, some of them device tensors; one transfer for all the tensors (a
+    stack), not one wait per value."""
+    import torch
+
+    keys = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in sums.items() if k not in keys}
+    if keys:
+        values = torch.stack([sums[k].float().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, values))
+    return out
 
 
 def peak_memory_gib(device: str) -> float:
