@@ -68,11 +68,11 @@ def _run_layer(layer, *args, **kwargs):
     return type(layer).forward(layer, *args, **kwargs)
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled():
+@functools.lru_cache(maxsize=4)
+def _compiled(backend: str):
     import torch
 
-    return torch.compile(_run_layer, dynamic=True)
+    return torch.compile(_run_layer, dynamic=True, backend=backend)
 
 
 def decoder_layers(model) -> list:
@@ -85,10 +85,11 @@ def decoder_layers(model) -> list:
     return list(layers) if isinstance(layers, nn.ModuleList) else []
 
 
-def compile_layers(model) -> int:
-    """Route every decoder layer's forward through the one compiled `_run_layer`. Returns how many layers."""
+def compile_layers(model, backend: str = "inductor") -> int:
+    """Route every decoder layer's forward through the one compiled `_run_layer` (`backend`: torch.compile's;
+    tests use aot_eager to check the capture without inductor's C++ build). Returns how many layers."""
     layers = decoder_layers(model)
-    fn = _compiled()
+    fn = _compiled(backend)
     for layer in layers:
         layer.forward = functools.partial(fn, layer)
     return len(layers)
