@@ -71,7 +71,11 @@ def _run_layer(layer, *args, **kwargs):
 @functools.lru_cache(maxsize=4)
 def _compiled(backend: str):
     import torch
+    import torch._inductor.config
 
+    # random ops (LoRA dropout's masks) call torch's own generator as eager does, instead of inductor's: a compiled
+    # run draws the eager run's masks for the same seed, so it reproduces it and resumes exactly (tested losses)
+    torch._inductor.config.fallback_random = True
     return torch.compile(_run_layer, dynamic=True, backend=backend)
 
 

@@ -83,13 +83,9 @@ class Task:
 
 def autocast(setup: Setup):
     """bf16/fp16 autocast on GPUs when that dtype was chosen; nothing on the CPU (fp32 there)."""
-    import torch
+    from roctune.hardware import accel
 
-    if setup.device == "cuda" and setup.dtype in ("bf16", "fp16"):
-        from roctune.hardware import torch_dtype
-
-        return torch.autocast("cuda", dtype=torch_dtype(setup.dtype))
-    return contextlib.nullcontext()
+    return accel.autocast(setup.device, setup.dtype)
 
 
 def _engine(model, task: Task, cfg, setup: Setup, dist: Context):
@@ -442,13 +438,9 @@ def host_numbers(sums: dict) -> dict[str, float]:
 def peak_memory_gib(device: str) -> float:
     """Peak memory so far: allocated GPU memory on a GPU (this process), the process's peak resident memory on
     the CPU (Linux reports it in KiB)."""
-    import torch
+    from roctune.hardware import accel
 
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return accel.peak_memory_bytes(device) / 2**30
 
 
 def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE,
