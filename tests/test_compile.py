@@ -138,6 +138,50 @@ def test_train_with_compile_on_logs_the_choice_and_eager_losses(family_dir, sft_
     assert losses["on"] == pytest.approx(losses["off"], rel=1e-5, abs=1e-6)
 
 
+def test_fused_kernels_are_opt_in_per_family_and_off_on_the_cpu_with_the_reason():
+    from roctune.families import FAMILIES, FUSED_KERNELS
+    from roctune.training.fused import choose_fused, triton_problem
+
+    for fam in FAMILIES:
+        assert set(fam.fused_kernels) <= set(FUSED_KERNELS), fam.name
+        assert not ({"swiglu", "geglu"} <= set(fam.fused_kernels)), fam.name  # one gated activation
+    assert triton_problem("cpu") == "CPU: Triton kernels run on GPUs only"
+    llama = choose_fused("auto", "cpu", {"model_type": "llama"})
+    assert llama.kernels == () and "CPU" in llama.reason
+    assert "opts in to no fused kernel" in choose_fused("auto", "cuda", {"model_type": "granite"}).reason
+    assert choose_fused("off", "cuda", {"model_type": "llama"}).reason == "--fused-kernels off"
+
+
+def test_fused_kernels_are_switched_on_where_triton_runs(monkeypatch):
+    """The GPU decision without a GPU: Triton and liger-kernel reported present, the family's switches are chosen
+    and handed to Liger with every other switch off (the kernels themselves: doctor --selftest on a GPU)."""
+    import types
+
+    from roctune.training import fused
+
+    monkeypatch.setattr(fused, "triton_problem", lambda device: None)
+    choice = fused.choose_fused("auto", "cuda", {"model_type": "gemma2"})
+    assert choice.kernels == ("rms_norm", "rope", "geglu")
+    seen = {}
+    module = types.ModuleType("liger_kernel.transformers")
+    module._apply_liger_kernel_to_instance = lambda model, **kw: seen.update(model=model, **kw)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", module)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    line = fused.apply(model, "auto", "cuda")
+    assert line.startswith("fused kernels: rms_norm, rope, swiglu (Liger-Kernel")
+    assert seen == {"model": model, "rope": True, "rms_norm": True, "swiglu": True, "geglu": False,
+                    "cross_entropy": False, "fused_linear_cross_entropy": False}
+
+
+def test_selftest_reports_why_fused_kernels_are_not_checked_on_the_cpu():
+    from roctune.doctor import selftest as st
+
+    cfg = st.tiny_config()
+    found = st.check_fused_and_compiled(cfg, None, None, "cpu", "fp32", "sdpa")
+    assert [(f.id, f.level) for f in found] == [("selftest.fused", "ok")]
+    assert "CPU: Triton kernels run on GPUs only" in found[0].message
+
+
 if __name__ == "__main__":  # every family of the table, once (minutes): python tests/test_compile.py
     import tempfile
 

@@ -134,9 +134,11 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, blob["weights"])
-    from roctune.training import compiled
+    from roctune.training import compiled, fused
 
-    # before DDP/FSDP wrap the model: the layers' forward is replaced in place, whatever wraps them later
+    # before DDP/FSDP wrap the model: kernels and the layers' forward are replaced in place, whatever wraps them
+    # later; the fused kernels first, so the compiled layers trace them
+    say(fused.apply(model, cfg.fused_kernels, setup.device))
     say(compiled.apply(model, cfg.compile, setup.device, len(steps) - start, cfg.stage))
     forward, model, ddp = _engine(model, task, cfg, setup, dist)
     params = [p for p in model.parameters() if p.requires_grad]
