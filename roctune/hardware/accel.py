@@ -24,6 +24,15 @@ def device_type(device: str) -> str:
     return acc.type if acc is not None else GPU
 
 
+def to_device(tensor, device: str):
+    """A host tensor on `device`: on a GPU through pinned memory without waiting (non_blocking), so the host goes
+    on queuing the step's kernels while the batch copies; the tensor itself on the CPU."""
+    if not is_gpu(device):
+        return tensor
+    target = device_type(device) if device == GPU else device  # "cuda:1", a torch.device: as given
+    return tensor.pin_memory().to(target, non_blocking=True)
+
+
 def synchronize(device: str) -> None:
     """Wait for the device's queued work (timing, profiling); nothing on the CPU."""
     if is_gpu(device):
