@@ -25,7 +25,7 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _compare_family(model_dir: str, data_file: str, tmp_path) -> dict:
+def _compare_family(model_dir: str, data_file: str, tmp_path, backend: str = "inductor") -> dict:
     """Eager vs compiled on the same model (roctune's build, lora_B random, dropout 0), at two batch lengths."""
     from roctune.training import compiled
     from roctune.training.losses import token_loss_sum
@@ -44,7 +44,7 @@ def _compare_family(model_dir: str, data_file: str, tmp_path) -> dict:
         fn = lambda m, b=batch, n=n: token_loss_sum(m, b, plan.head) / n  # noqa: E731
         compiled.uncompile_layers(model)
         eager = _loss_grads(model, fn)
-        compiled.compile_layers(model)
+        compiled.compile_layers(model, backend=backend)
         before = _graphs()
         comp = _loss_grads(model, fn)
         out[name] = {"loss_diff": abs(eager[0] - comp[0]), "grad_diff": _worst(comp[1], eager[1]),
@@ -182,28 +182,25 @@ def test_selftest_reports_why_fused_kernels_are_not_checked_on_the_cpu():
     assert "CPU: Triton kernels run on GPUs only" in found[0].message
 
 
-if __name__ == "__main__":  # every family of the table, once (minutes): python tests/test_compile.py
+if __name__ == "__main__":  # every family of the table (minutes): python tests/test_compile.py [BACKEND]
+    import os
+    import pathlib
     import tempfile
-
-    sys.path.insert(0, "tests")
-    from conftest import REPO  # noqa: F401  (the bundled model cache lives in the repo)
 
     from roctune.models import resolve_model
 
+    backend = sys.argv[1] if len(sys.argv) > 1 else "inductor"
     base = resolve_model(None)
     with tempfile.TemporaryDirectory() as tmp:
         data = write_jsonl(f"{tmp}/sft.jsonl", [{"messages": c} for c in CHATS])
         bad = 0
         for fam in family_models.CONFIGS:
             torch._dynamo.reset()
-            folder = f"{tmp}/{fam}"
-            import os
-            import pathlib
-
-            os.makedirs(folder)
-            r = _compare_family(family_models.build(fam, folder, base), data, pathlib.Path(tmp) / f"{fam}-run")
+            os.makedirs(f"{tmp}/{fam}")
+            r = _compare_family(family_models.build(fam, f"{tmp}/{fam}", base), data,
+                                pathlib.Path(tmp) / f"{fam}-run", backend)
             ok = all(r[n]["loss_diff"] < 1e-5 and r[n]["grad_diff"] < 1e-4 for n in ("full", "short"))
             ok = ok and r["short"]["new_graphs"] == 0
             bad += not ok
-            print(f"{fam:10s} {'ok ' if ok else 'BAD'} {r}", flush=True)
+            print(f"{fam:10s} {backend} {'ok ' if ok else 'BAD'} {r}", flush=True)
     sys.exit(1 if bad else 0)
