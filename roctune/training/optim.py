@@ -9,8 +9,10 @@ def make_optimizer(params: list, cfg, device: str):
     """AdamW over the trainable parameters: fused kernels on GPUs, the multi-tensor (foreach) path on the CPU."""
     import torch
 
+    from roctune.hardware.accel import is_gpu
+
     kwargs = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
-    kwargs["fused" if device == "cuda" else "foreach"] = True
+    kwargs["fused" if is_gpu(device) else "foreach"] = True
     return torch.optim.AdamW(params, **kwargs)
 
 
