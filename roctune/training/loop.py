@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 class Task:
     """What a recipe gives the loop.
 
-    loss_sum(model, items) -> (summed loss tensor, {name: summed metric}) for one micro-batch; each metric is
+    loss_sum(model, items) -> (summed loss tensor, {name: summed metric}) for one micro-batch (a metric may stay a
+    device tensor: the loop reads the step's sums from the device once, for the log row); each metric is
     logged as its step sum divided by the step's normaliser. weight(item) is the item's share of that
     normaliser (logged as `norm_name`), tokens(item) its token count. eval_sums(model, items) -> {name: sum} (the names in eval_names) for a
     batch of eval items (no gradients); eval_metrics turns the summed dict into logged values. derived(row) adds
