@@ -110,6 +110,7 @@ def test_auto_compiles_only_on_a_gpu_for_long_enough_runs():
     assert not short.value and "too short" in short.reason
     assert choose_compile("auto", "cuda", AUTO_MIN_STEPS).value
     assert not choose_compile("auto", "cuda", 10**6, "grpo").value
+    assert not choose_compile("auto", "cuda", 10**6, "sft", sequence_parallel=2).value
 
 
 def test_step_sums_are_read_from_the_device_once():

@@ -47,7 +47,8 @@ class Choice:
     reason: str
 
 
-def choose_compile(setting: str, device: str, total_steps: int, method: str = "sft") -> Choice:
+def choose_compile(setting: str, device: str, total_steps: int, method: str = "sft",
+                   sequence_parallel: int = 1) -> Choice:
     """Whether to compile the decoder layers, and why (printed like the dtype choice)."""
     if setting == "on":
         return Choice(True, "--compile on")
@@ -57,6 +58,8 @@ def choose_compile(setting: str, device: str, total_steps: int, method: str = "s
         return Choice(False, "auto: CPU (the compile's time is not earned back; --compile on forces it)")
     if method not in AUTO_RECIPES:
         return Choice(False, f"auto: {method} generates through the layers (a new shape per token)")
+    if sequence_parallel > 1:  # all-to-all collectives inside attention: not proven under compile
+        return Choice(False, "auto: --sequence-parallel (its collectives run inside the layers; --compile on forces it)")
     if total_steps < AUTO_MIN_STEPS:
         return Choice(False, f"auto: {total_steps} steps is too short to earn the compile time "
                              f"(< {AUTO_MIN_STEPS}; --compile on forces it)")
@@ -99,9 +102,9 @@ def compile_layers(model, backend: str = "inductor") -> int:
     return len(layers)
 
 
-def apply(model, setting: str, device: str, total_steps: int, method: str = "sft") -> str:
+def apply(model, setting: str, device: str, total_steps: int, method: str = "sft", sequence_parallel: int = 1) -> str:
     """Choose (`choose_compile`) and, when on, compile the layers; returns the line for the log."""
-    choice = choose_compile(setting, device, total_steps, method)
+    choice = choose_compile(setting, device, total_steps, method, sequence_parallel)
     if not choice.value:
         return f"compile: off ({choice.reason})"
     n = compile_layers(model)
