@@ -6,6 +6,11 @@ Each measured run happens in its own child process (`python -m roctune.bench --w
 is that run's alone (GPU: torch.cuda.max_memory_allocated; CPU: peak RSS of the process) and one run's
 allocator state cannot help or hurt the next. The parent prints the comparison table and writes JSON.
 
+With `compiled`, roctune also runs with --compile on (roctune.training.compiled); the parent reports the compiled
+run's speed-up and its largest per-step loss difference from the eager run (same seed, same dropout masks).
+Every run counts the aten ops of one optimizer step (OpCounter, torch.profiler; GPU kernels too on a GPU): the
+launches a launch-bound GPU step pays for.
+
 MFU counts model FLOPs per trained token the standard way for LoRA with frozen weights: 2·N forward +
 2·N backward (input gradients only), N = parameters in matrix multiplies including the output layer,
 plus attention; the peak is a large matmul in the training dtype measured on this device.
