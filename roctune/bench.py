@@ -6,16 +6,21 @@ Each measured run happens in its own child process (`python -m roctune.bench --w
 is that run's alone (GPU: torch.cuda.max_memory_allocated; CPU: peak RSS of the process) and one run's
 allocator state cannot help or hurt the next. The parent prints the comparison table and writes JSON.
 
+With `compiled`, roctune also runs with --compile on (roctune.training.compiled); the parent reports the compiled
+run's speed-up and its largest per-step loss difference from the eager run (same seed, same dropout masks).
+Every run counts the aten ops of one optimizer step (OpCounter, torch.profiler; GPU kernels too on a GPU): the
+launches a launch-bound GPU step pays for.
+
 MFU counts model FLOPs per trained token the standard way for LoRA with frozen weights: 2·N forward +
 2·N backward (input gradients only), N = parameters in matrix multiplies including the output layer,
 plus attention; the peak is a large matmul in the training dtype measured on this device.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -76,15 +81,52 @@ class Workload:
     loss_on_supervised_only: bool = True
     grad_checkpointing: bool = False
     group_by_length: bool = True
+    compile: str = "off"
+
+
+# The optimizer step whose aten ops are counted (torch.profiler) is step PROFILED_STEP (0-based): after the first,
+# which compiles and warms the allocator. Both it and the first are left out of tokens/s (the first step's time is
+# reported on its own: it holds the compile).
+PROFILED_STEP = 1
+UNTIMED = (0, PROFILED_STEP)
+
+
+class OpCounter:
+    """torch.profiler around one optimizer step: aten ops (every aten:: call, nested ones included) and, on a GPU,
+    device kernels. Started and stopped by hooks into the trainer being measured."""
+
+    def __init__(self):
+        self.prof = None
+        self.aten_ops = self.kernels = 0
+
+    def start(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        import torch
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(activities=acts)
+        self.prof.__enter__()
+
+    def stop(self):
+        if self.prof is None:
+            return
+        import torch
+
+        if torch.accelerator.is_available():
+            torch.accelerator.synchronize()
+        self.prof.__exit__(None, None, None)
+        events = self.prof.events()
+        self.aten_ops = sum(1 for e in events if e.name.startswith("aten::"))
+        self.kernels = sum(1 for e in events if str(getattr(e, "device_type", "")).endswith("CUDA"))
+        self.prof = None
 
 
 # ------------------------------------------------------------------------------------------------ worker
 def _peak_memory(device: str) -> int:
-    if device == "cuda":
-        import torch
+    from roctune.hardware import accel
 
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return accel.peak_memory_bytes(device)
 
 
 def _train_config(w: Workload, output: str):
@@ -96,19 +138,38 @@ def _train_config(w: Workload, output: str):
         lora_dropout=w.lora_dropout, target_modules=list(w.target_modules), lr=w.lr, seed=w.seed,
         device=w.device, dtype=w.dtype, attn=w.attn, packing=w.packing, overwrite=True,
         loss_on_supervised_only=w.loss_on_supervised_only, grad_checkpointing=w.grad_checkpointing,
-        group_by_length=w.group_by_length)
+        group_by_length=w.group_by_length, compile=w.compile)
 
 
 def run_roctune(w: Workload) -> dict:
     from roctune import rundir
     from roctune.recipes import train
+    from roctune.training import loop
 
+    counter, calls = OpCounter(), {"step": 0}
+    accumulate, optimizer_step = loop._State.accumulate, loop.optimizer_step
+
+    def counted_accumulate(self, step, say):
+        if step == PROFILED_STEP:
+            counter.start()
+        return accumulate(self, step, say)
+
+    def counted_optimizer_step(*a, **k):
+        out = optimizer_step(*a, **k)
+        if calls["step"] == PROFILED_STEP:
+            counter.stop()
+        calls["step"] += 1
+        return out
+
+    loop._State.accumulate, loop.optimizer_step = counted_accumulate, counted_optimizer_step
     with tempfile.TemporaryDirectory(prefix="roctune-bench-") as out:
         cfg = _train_config(w, out)
         summary = train(cfg, log=lambda s: print(s, file=sys.stderr), progress=False)
         rows = rundir.read_metrics(out)
         resolved = rundir.read_run(out)["resolved"]
     return {"losses": [r["loss"] for r in rows], "step_times": [r["step_time_s"] for r in rows],
+            "step_tokens": [r["tokens"] for r in rows], "step_supervised": [r["supervised_tokens"] for r in rows],
+            "aten_ops": counter.aten_ops, "kernels": counter.kernels,
             "tokens": sum(r["tokens"] for r in rows), "supervised_tokens": sum(r["supervised_tokens"] for r in rows),
             "device": resolved["device"], "dtype": resolved["dtype"], "attn": resolved["attn"],
             "packed": resolved["packed"], "summary_seconds": summary["seconds"]}
@@ -130,7 +191,7 @@ def run_baseline(w: Workload) -> dict:
     from roctune.data.render import tokenize_records
     from roctune.hardware import choose_device, choose_dtype, torch_dtype
     from roctune.models import load_tokenizer, resolve_model
-    from roctune.training.batching import plan_steps
+    from roctune.training.batching import plan_steps, supervised_count
 
     cfg = _train_config(w, "unused")
     base = resolve_model(w.model)
@@ -138,8 +199,6 @@ def run_baseline(w: Workload) -> dict:
     dtype = choose_dtype(w.dtype, device).value
     tok = load_tokenizer(base)
     examples, _ = tokenize_records(tok, load_records(w.data), w.max_length)
-    import dataclasses
-
     steps, _ = plan_steps([len(e.input_ids) for e in examples], dataclasses.replace(cfg, group_by_length=False))
     order = [i for step in steps for mb in step for i in mb]
 
@@ -155,11 +214,22 @@ def run_baseline(w: Workload) -> dict:
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
 
-    timing = {"losses": [], "t0": None, "t1": None}
+    timing = {"losses": [], "t0": None, "t1": None, "steps": [], "step_t0": 0.0}
+    counter = OpCounter()
 
     class Clock(TrainerCallback):
         def on_train_begin(self, *a, **k):
             timing["t0"] = time.perf_counter()
+
+        def on_step_begin(self, args, state, control, **k):
+            if state.global_step == PROFILED_STEP:
+                counter.start()
+            timing["step_t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **k):
+            timing["steps"].append(time.perf_counter() - timing["step_t0"])
+            if state.global_step == PROFILED_STEP + 1:
+                counter.stop()
 
         def on_train_end(self, *a, **k):
             timing["t1"] = time.perf_counter()
@@ -189,7 +259,11 @@ def run_baseline(w: Workload) -> dict:
     seconds = timing["t1"] - timing["t0"]
     n_tok = sum(len(examples[i].input_ids) for i in order)
     n_sup = sum(sum(1 for x in examples[i].labels[1:] if x != -100) for i in order)
-    return {"losses": timing["losses"], "step_times": [seconds / max(1, len(timing["losses"]))] * len(timing["losses"]),
+    per_step = [[i for mb in step for i in mb] for step in steps][:len(timing["steps"])]
+    return {"losses": timing["losses"], "step_times": timing["steps"],
+            "step_tokens": [sum(len(examples[i].input_ids) for i in s) for s in per_step],
+            "step_supervised": [sum(supervised_count(examples[i].labels) for i in s) for s in per_step],
+            "aten_ops": counter.aten_ops, "kernels": counter.kernels,
             "tokens": n_tok, "supervised_tokens": n_sup, "device": device, "dtype": dtype, "attn": w.attn,
             "packed": False, "summary_seconds": seconds}
 
@@ -198,9 +272,9 @@ def measure_peak_flops(device: str, dtype: str, size: int = 2048, seconds: float
     """FLOP/s of a large square matmul in the training dtype on this device (the MFU denominator)."""
     import torch
 
-    from roctune.hardware import torch_dtype
+    from roctune.hardware import accel, torch_dtype
 
-    dev = "cuda" if device == "cuda" else "cpu"
+    dev = accel.device_type(device)
     n = size if dev == "cpu" else 8192
     a = torch.randn(n, n, device=dev, dtype=torch_dtype(dtype))
     b = torch.randn(n, n, device=dev, dtype=torch_dtype(dtype))
@@ -209,8 +283,7 @@ def measure_peak_flops(device: str, dtype: str, size: int = 2048, seconds: float
     while True:
         c = a @ b
         iters += 1
-        if dev == "cuda":
-            torch.cuda.synchronize()
+        accel.synchronize(device)
         if time.perf_counter() - t0 > seconds:
             break
     del c
@@ -260,27 +333,34 @@ def run_child(kind: str, w: Workload) -> dict:
 
 
 def summarize(name: str, r: dict, peak_flops: float, flops_per_token: float) -> dict:
-    seconds = sum(r["step_times"]) if r["step_times"] else r["summary_seconds"]
-    tps = r["tokens"] / seconds
+    """Throughput over the timed steps (all but UNTIMED: the first, which compiles, and the profiled one)."""
+    timed = [i for i in range(len(r["step_times"])) if i not in UNTIMED] or list(range(len(r["step_times"])))
+    seconds = sum(r["step_times"][i] for i in timed) or r["summary_seconds"]
+    tps = sum(r["step_tokens"][i] for i in timed) / seconds
     return {"run": name, "attn": r["attn"], "packed": r["packed"], "tokens_per_s": tps,
-            "supervised_tokens_per_s": r["supervised_tokens"] / seconds,
-            "s_per_step": seconds / max(1, len(r["losses"])), "mfu": tps * flops_per_token / peak_flops,
+            "supervised_tokens_per_s": sum(r["step_supervised"][i] for i in timed) / seconds,
+            "s_per_step": seconds / max(1, len(timed)), "mfu": tps * flops_per_token / peak_flops,
+            "first_step_s": r["step_times"][0] if r["step_times"] else None,
+            "aten_ops_per_step": r["aten_ops"], "kernels_per_step": r["kernels"],
             "peak_memory_bytes": r["peak_memory_bytes"], "huge_pages": r.get("huge_pages", False),
             "final_loss": r["losses"][-1],
             "mean_loss": sum(r["losses"]) / len(r["losses"]), "losses": r["losses"], "tokens": r["tokens"]}
 
 
-def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log=print) -> dict:
+def main_bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log=print,
+               compiled: bool = False) -> dict:
+    """The runs: roctune per attention kernel (eager; with `compiled`, also --compile on), then the baseline."""
     tmpdir = tempfile.mkdtemp(prefix="roctune-bench-data-")
     try:
-        return _bench(w, attns, baseline, json_out, log, tmpdir)
+        return _bench(w, attns, baseline, json_out, log, tmpdir, compiled)
     finally:  # the generated data set goes, also when a run fails
         import shutil
 
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log, tmpdir: str) -> dict:
+def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, log, tmpdir: str,
+           compiled: bool = False) -> dict:
     from roctune.hardware import choose_device, choose_dtype
     from roctune.models import resolve_model
 
@@ -300,6 +380,11 @@ def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, 
                                     w.lora_r, len(w.target_modules))
         rows.append(summarize(f"roctune ({attn})", r, peak, fpt))
         log(f"  roctune/{attn}: {rows[-1]['tokens_per_s']:,.1f} tok/s")
+        if compiled:
+            r = run_child("roctune", dataclasses.replace(w, compile="on"))
+            rows.append(summarize(f"roctune compiled ({attn})", r, peak, fpt))
+            log(f"  roctune compiled/{attn}: {rows[-1]['tokens_per_s']:,.1f} tok/s "
+                f"(first step {rows[-1]['first_step_s']:.1f} s)")
     if baseline:
         w.attn = attns[0]
         r = run_child("baseline", w)
@@ -311,6 +396,10 @@ def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, 
         result["speedup_tokens_per_s"] = ours["tokens_per_s"] / base["tokens_per_s"]
         result["mean_loss_rel_diff"] = abs(ours["mean_loss"] - base["mean_loss"]) / base["mean_loss"]
         result["memory_ratio"] = ours["peak_memory_bytes"] / base["peak_memory_bytes"]
+    if compiled:
+        eager, comp = rows[0], rows[1]
+        result["compiled_speedup"] = comp["tokens_per_s"] / eager["tokens_per_s"]
+        result["compiled_max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(comp["losses"], eager["losses"]))
     if json_out:
         from roctune.rundir import atomic_write_text
 

@@ -247,6 +247,15 @@ class TrainConfig:
     attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
                         group="hardware",
                 zh=("注意力实现", "注意力内核"))
+    # ---- compiled layers and fused kernels (roctune.training.compiled, issue 38)
+    compile: str = setting("auto", "torch.compile the decoder layers (one compile serves every layer); auto: on a "
+                           "GPU for runs long enough to earn the compile time", choices=("auto", "on", "off"),
+                           group="hardware",
+                zh=("编译", "用 torch.compile 编译解码层（一次编译供所有层使用）；auto：在 GPU 上且训练足够长时开启"))
+    fused_kernels: str = setting("auto", "Liger-Kernel's fused RMSNorm/RoPE/SwiGLU where the model's family opts in "
+                                 "and Triton runs (a GPU, pip install 'roctune[fused]')", choices=("auto", "off"),
+                                 group="hardware",
+                zh=("融合内核", "在模型家族支持且 Triton 可运行时（GPU，pip install 'roctune[fused]'）使用 Liger-Kernel 的融合 RMSNorm/RoPE/SwiGLU"))
     selftest: bool = setting(False, "before loading the model, train a tiny model on this path (device, dtype, "
                              "attention, 4-bit) and compare with float64 on the CPU; stop on wrong numbers",
                              group="hardware",

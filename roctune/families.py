@@ -33,6 +33,18 @@ SHORTCUTS = {
     "chunked_head": "a frozen output layer runs in chunks, keeping d logp/d hidden instead of the logits",
 }
 ALL_SHORTCUTS = frozenset(SHORTCUTS)
+# Liger-Kernel's fused Triton kernels (GPUs only; roctune.training.fused), by the name of the switch its
+# apply_liger_kernel_to_<family> takes. A family lists the ones it opts in to; `roctune doctor --selftest` checks
+# them on the card against float64 and training switches them off when they compute wrong numbers there.
+# Liger's fused linear cross-entropy is not among them: roctune's supervised-positions head (training/losses.py)
+# computes the loss from the final hidden state itself, chunked, and would bypass a patched model forward.
+FUSED_KERNELS = {
+    "rms_norm": "RMSNorm in one kernel (forward and backward)",
+    "rope": "rotary embedding of q and k in one kernel",
+    "swiglu": "SiLU(gate) x up in one kernel that recomputes the activation in backward",
+    "geglu": "GELU(gate) x up in one kernel (Gemma)",
+}
+GATED = ("rms_norm", "rope", "swiglu")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -58,6 +70,7 @@ class Family:
     moe: bool = False                      # experts in the MLP (num_experts / num_local_experts)
     gguf_arch: str | None = None           # llama.cpp's architecture name
     gguf_permute_qk: bool = False          # llama.cpp's converter interleaves the rotary halves of Q and K
+    fused_kernels: tuple[str, ...] = ()    # Liger-Kernel switches the family opts in to (FUSED_KERNELS)
     examples: tuple[str, ...] = field(default=(), compare=False)
 
     def mlp_shortcut_classes(self) -> tuple[str, ...]:
@@ -67,18 +80,20 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "Llama 3.x, SmolLM2, DeepSeek-R1-Distill-Llama", ("llama",), "LlamaForCausalLM",
            mlp_classes=("LlamaMLP",), end_of_turn=("<|eot_id|>", "<|eom_id|>", "<|im_end|>"),
-           pad_tokens=("<|finetune_right_pad_id|>",), gguf_arch="llama", gguf_permute_qk=True,
+           pad_tokens=("<|finetune_right_pad_id|>",), gguf_arch="llama", gguf_permute_qk=True, fused_kernels=GATED,
            examples=("meta-llama/Llama-3.2-1B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")),
     Family("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", ("qwen2",), "Qwen2ForCausalLM",
-           mlp_classes=("Qwen2MLP",), qkv_bias=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
+           mlp_classes=("Qwen2MLP",), qkv_bias=True, end_of_turn=("<|im_end|>", "<|endoftext|>"), fused_kernels=GATED,
            gguf_arch="qwen2", examples=("Qwen/Qwen2.5-7B-Instruct",)),
     Family("qwen3", "Qwen3 (dense)", ("qwen3",), "Qwen3ForCausalLM", mlp_classes=("Qwen3MLP",), qk_norm=True,
+           fused_kernels=GATED,
            end_of_turn=("<|im_end|>", "<|endoftext|>"), gguf_arch="qwen3", examples=("Qwen/Qwen3-8B",)),
     Family("qwen3_moe", "Qwen3 mixture of experts", ("qwen3_moe",), "Qwen3MoeForCausalLM",
            mlp_classes=("Qwen3MoeMLP",), qk_norm=True, moe=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
            gguf_arch="qwen3moe", examples=("Qwen/Qwen3-30B-A3B",)),
     Family("mistral", "Mistral 7B, Mistral Nemo, Ministral", ("mistral",), "MistralForCausalLM",
            mlp_classes=("MistralMLP",), end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
+           fused_kernels=GATED,
            examples=("mistralai/Mistral-7B-Instruct-v0.3",)),
     Family("mixtral", "Mixtral mixture of experts", ("mixtral",), "MixtralForCausalLM", moe=True,
            end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
@@ -88,7 +103,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma2", "Gemma 2", ("gemma2",), "Gemma2ForCausalLM", mlp_classes=("Gemma2MLP",),
            logits_softcap="final_logit_softcapping",
            attention_softcap="attn_logit_softcapping", end_of_turn=("<end_of_turn>",), norms_per_layer=4,
-           gguf_arch="gemma2", examples=("google/gemma-2-2b-it",)),
+           gguf_arch="gemma2", fused_kernels=("rms_norm", "rope", "geglu"), examples=("google/gemma-2-2b-it",)),
     Family("gemma3", "Gemma 3 (text)", ("gemma3_text",), "Gemma3ForCausalLM", mlp_classes=("Gemma3MLP",),
            logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
            end_of_turn=("<end_of_turn>",), norms_per_layer=4, qk_norm=True, gguf_arch="gemma3",

@@ -1,6 +1,8 @@
 """`roctune bench`: measure training throughput (tokens/s, supervised tokens/s, s/step, MFU) and peak memory
 on a fixed workload; `--baseline` runs the plain transformers Trainer + PEFT recipe on the identical examples,
-order and hyperparameters and prints the ratio; `--attn eager,sdpa,flash_attention_2` compares kernels."""
+order and hyperparameters and prints the ratio; `--attn eager,sdpa,flash_attention_2` compares kernels; `--compile` adds roctune with compiled decoder layers.
+Each run also reports the aten ops (and GPU kernels) of one optimizer step from torch.profiler; tokens/s leaves out
+the first step (it compiles) and the profiled one; the first step's time is shown on its own."""
 from __future__ import annotations
 
 
@@ -26,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--no-group-by-length", action="store_true")
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--baseline", action="store_true", help="also run transformers Trainer + PEFT and print the ratio")
+    p.add_argument("--compile", action="store_true", help="also run roctune with --compile on (compiled decoder layers)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="write results here (default bench.json)")
     p.set_defaults(func=run)
 
@@ -88,20 +91,26 @@ def run(args) -> int:
                  lr=args.lr, seed=args.seed, device=args.device, dtype=args.dtype, packing=args.packing,
                  loss_on_supervised_only=not args.full_logits, grad_checkpointing=args.grad_checkpointing,
                  group_by_length=not args.no_group_by_length)
-    res = main_bench(w, attns, args.baseline, args.json_out, log=lambda s: console.print(s))
+    res = main_bench(w, attns, args.baseline, args.json_out, log=lambda s: console.print(s), compiled=args.compile)
     t = Table(title=f"training throughput: {res['device']}, {res['dtype']}, batch {args.batch_size} x accum "
                     f"{args.grad_accum}, {args.max_steps} steps")
-    for col in ("run", "tokens/s", "supervised tok/s", "s/step", "MFU", "peak memory", "final loss", "mean loss"):
+    for col in ("run", "tokens/s", "supervised tok/s", "s/step", "first step s", "aten ops/step", "MFU",
+                "peak memory", "final loss", "mean loss"):
         t.add_column(col, justify="left" if col == "run" else "right")
     for r in res["runs"]:
         t.add_row(r["run"], f"{r['tokens_per_s']:,.1f}", f"{r['supervised_tokens_per_s']:,.1f}",
-                  f"{r['s_per_step']:.2f}", f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_bytes'] / 2**30:.2f} GiB",
+                  f"{r['s_per_step']:.2f}", f"{r['first_step_s']:.2f}",
+                  f"{r['aten_ops_per_step']:,}" + (f" ({r['kernels_per_step']:,} kernels)" if r['kernels_per_step'] else ""),
+                  f"{100 * r['mfu']:.1f}%", f"{r['peak_memory_bytes'] / 2**30:.2f} GiB",
                   f"{r['final_loss']:.4f}", f"{r['mean_loss']:.4f}")
     console.print(t)
     if args.baseline:
         console.print(f"speed-up vs baseline: [bold]{res['speedup_tokens_per_s']:.2f}x[/] tokens/s; "
                       f"mean loss differs by {100 * res['mean_loss_rel_diff']:.2f}%; "
                       f"peak memory {100 * res['memory_ratio']:.0f}% of the baseline's")
+    if args.compile:
+        console.print(f"compiled vs eager: [bold]{res['compiled_speedup']:.2f}x[/] tokens/s; losses differ by at most "
+                      f"{100 * res['compiled_max_loss_rel_diff']:.4f}% per step")
     if args.json_out:
         console.print(f"results written to {args.json_out}")
     return 0

@@ -41,6 +41,10 @@ FIXES = {
                           "and retry; or reinstall flash-attn built for this GPU (pip uninstall -y flash-attn)",
                           "train with --attn sdpa"),
     "packing": ("train with --packing off", "train with --packing off"),
+    "fused": ("train with --fused-kernels off; or another liger-kernel/triton (pip install -U 'roctune[fused]')",
+              "train with --fused-kernels off"),
+    "compile": ("train with --compile off; or another torch wheel (`roctune doctor --install-plan`)",
+                "train with --compile off"),
     "4bit": ("use --method lora; or reinstall bitsandbytes for this backend (pip install -U 'bitsandbytes>=0.49')",
              "use --method lora; or pip install -U bitsandbytes"),
 }
@@ -90,8 +94,10 @@ def _model(cfg, state, attn: str, device: str, dtype: str):
     return model.to(device=device, dtype=torch.float64 if dtype == "fp64" else torch_dtype(dtype))
 
 
-def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps: int = STEPS) -> Trace:
-    """A few training steps through the training engine's pieces; the numbers to compare."""
+def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps: int = STEPS,
+             prepare=None) -> Trace:
+    """A few training steps through the training engine's pieces; the numbers to compare. `prepare(model)`
+    changes the model first (fused kernels, compiled layers)."""
     import torch
 
     from roctune.training.batching import collate
@@ -101,6 +107,8 @@ def run_path(cfg, state, device: str, dtype: str, attn: str, packed: bool, steps
     from roctune.training.session import Setup
 
     model = _model(cfg, state, attn, device, dtype)
+    if prepare is not None:
+        prepare(model)
     setup = Setup("selftest", device, dtype, attn, packed=packed)
     batch = collate(examples(), 0, packed, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -190,9 +198,34 @@ def selftest(device: str = "auto", dtype: str = "auto", attn: str = "auto", four
     if a.value != "eager":  # packed rows need a kernel that separates examples by position_ids
         findings.append(_case("selftest.packing", "packing", f"packed batches with {a.value}", dev, dt,
                               lambda: compare(run_path(cfg, state, dev, dt, a.value, packed=True), ref, dt)))
+    findings += check_fused_and_compiled(cfg, state, ref, dev, dt, a.value)
     if four_bit:
         findings.append(check_4bit(cfg, state, dev, dt, a.value))
     return findings
+
+
+def check_fused_and_compiled(cfg, state, ref: Trace, device: str, dtype: str, attn: str) -> list[Finding]:
+    """On a GPU: the family's Liger kernels (roctune.training.fused), and the compiled decoder layers with them
+    (roctune.training.compiled), against the float64 reference. Skipped with the reason where Triton cannot run
+    (the CPU's compile is covered by the test suite)."""
+    from roctune.training import compiled, fused
+
+    choice = fused.choose_fused("auto", device, cfg)
+    if not choice.kernels:
+        return [Finding("selftest.fused", "ok", f"fused kernels: not used ({choice.reason})", "")]
+    kernels = choice.kernels
+    out = [_case("selftest.fused", "fused", f"fused kernels {', '.join(kernels)}", device, dtype,
+                 lambda: compare(run_path(cfg, state, device, dtype, attn, packed=False,
+                                          prepare=lambda m: fused.apply_fused(m, kernels)), ref, dtype))]
+
+    def fused_compiled(model):
+        fused.apply_fused(model, kernels)
+        compiled.compile_layers(model)
+
+    out.append(_case("selftest.compile", "compile", "compiled layers with fused kernels", device, dtype,
+                     lambda: compare(run_path(cfg, state, device, dtype, attn, packed=False, prepare=fused_compiled),
+                                     ref, dtype)))
+    return out
 
 
 def check_4bit(cfg, state, device: str, dtype: str, attn: str) -> Finding:

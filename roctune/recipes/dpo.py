@@ -67,8 +67,9 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
 
     def loss_sum(model, batch):
         loss, ch, rj = scored(model, batch)
-        return loss.sum(), {"rewards_chosen": float(ch.detach().sum()), "rewards_rejected": float(rj.detach().sum()),
-                            "reward_accuracy": float((ch > rj).float().sum())}
+        # device tensors: the loop reads the step's sums from the device once, for its log row
+        return loss.sum(), {"rewards_chosen": ch.detach().sum(), "rewards_rejected": rj.detach().sum(),
+                            "reward_accuracy": (ch > rj).float().sum()}
 
     def eval_sums(model, batch):
         loss, ch, rj = scored(model, batch)

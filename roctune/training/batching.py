@@ -73,6 +73,8 @@ def collate(examples: list, pad_id: int, packed: bool, device: str) -> Batch:
     every real token."""
     import torch
 
+    from roctune.hardware.accel import to_device
+
     n_tokens = sum(len(e.input_ids) for e in examples)
     n_sup = sum(supervised_count(e.labels) for e in examples)
     if packed:
@@ -82,7 +84,7 @@ def collate(examples: list, pad_id: int, packed: bool, device: str) -> Batch:
             # the first token of each example is never a target of the previous one
             labels += [-100] + e.labels[1:]
             pos += list(range(len(e.input_ids)))
-        t = lambda x: torch.tensor([x], dtype=torch.long, device=device)  # noqa: E731
+        t = lambda x: to_device(torch.tensor([x], dtype=torch.long), device)  # noqa: E731
         return Batch(t(ids), t(labels), None, t(pos), n_tokens, n_sup)
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -91,4 +93,4 @@ def collate(examples: list, pad_id: int, packed: bool, device: str) -> Batch:
         n = len(e.input_ids)
         ids[i, :n] = torch.tensor(e.input_ids)
         labels[i, :n] = torch.tensor(e.labels)
-    return Batch(ids.to(device), labels.to(device), None, None, n_tokens, n_sup)
+    return Batch(to_device(ids, device), to_device(labels, device), None, None, n_tokens, n_sup)

@@ -70,12 +70,15 @@ def init(device: str, sequence_parallel: int = 1) -> Context:
     import torch
     import torch.distributed as dist
 
+    from roctune.hardware import accel
+
     ctx = Context(rank=int(os.environ["RANK"]), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                   world_size=int(os.environ["WORLD_SIZE"]), backend="nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        torch.cuda.set_device(ctx.local_rank)
+    gpu = accel.is_gpu(device)
+    if gpu:
+        torch.accelerator.set_device_index(ctx.local_rank)
     if not dist.is_initialized():
-        kwargs = {"device_id": torch.device("cuda", ctx.local_rank)} if device == "cuda" else {}
+        kwargs = {"device_id": torch.device(accel.device_type(device), ctx.local_rank)} if gpu else {}
         dist.init_process_group(ctx.backend, **kwargs)
     if sequence_parallel > 1:
         if ctx.world_size % sequence_parallel:

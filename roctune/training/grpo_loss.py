@@ -125,10 +125,10 @@ def micro_batch_loss(s: LossSettings, logps, old, ref, adv, rows, n_rows: int):
         total = loss.sum()
     else:
         raise ValueError(f"unknown loss type {s.loss_type!r}")
-    with torch.no_grad():
-        stats = {"clip_ratio": float((_per_row(was_clipped.float(), rows, n_rows) / counts).sum())}
+    with torch.no_grad():  # device tensors: the training loop reads the step's sums once, for its log row
+        stats = {"clip_ratio": (_per_row(was_clipped.float(), rows, n_rows) / counts).sum()}
         if kl is not None:
-            stats["kl"] = float((_per_row(kl.detach(), rows, n_rows) / counts).sum())
+            stats["kl"] = (_per_row(kl.detach(), rows, n_rows) / counts).sum()
     return total, stats
 
 

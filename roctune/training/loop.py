@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 class Task:
     """What a recipe gives the loop.
 
-    loss_sum(model, items) -> (summed loss tensor, {name: summed metric}) for one micro-batch; each metric is
+    loss_sum(model, items) -> (summed loss tensor, {name: summed metric}) for one micro-batch (a metric may stay a
+    device tensor: the loop reads the step's sums from the device once, for the log row); each metric is
     logged as its step sum divided by the step's normaliser. weight(item) is the item's share of that
     normaliser (logged as `norm_name`), tokens(item) its token count. eval_sums(model, items) -> {name: sum} (the names in eval_names) for a
     batch of eval items (no gradients); eval_metrics turns the summed dict into logged values. derived(row) adds
@@ -83,13 +84,9 @@ class Task:
 
 def autocast(setup: Setup):
     """bf16/fp16 autocast on GPUs when that dtype was chosen; nothing on the CPU (fp32 there)."""
-    import torch
+    from roctune.hardware import accel
 
-    if setup.device == "cuda" and setup.dtype in ("bf16", "fp16"):
-        from roctune.hardware import torch_dtype
-
-        return torch.autocast("cuda", dtype=torch_dtype(setup.dtype))
-    return contextlib.nullcontext()
+    return accel.autocast(setup.device, setup.dtype)
 
 
 def _engine(model, task: Task, cfg, setup: Setup, dist: Context):
@@ -138,6 +135,12 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model, blob["weights"])
+    from roctune.training import compiled, fused
+
+    # before DDP/FSDP wrap the model: kernels and the layers' forward are replaced in place, whatever wraps them
+    # later; the fused kernels first, so the compiled layers trace them
+    say(fused.apply(model, cfg.fused_kernels, setup.device))
+    say(compiled.apply(model, cfg.compile, setup.device, len(steps) - start, cfg.stage, cfg.sequence_parallel))
     forward, model, ddp = _engine(model, task, cfg, setup, dist)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg, setup.device)
@@ -331,6 +334,7 @@ class _State:
                     raise
                 self.recover(e, step, say)
         if self.dist.enabled:
+            sums = host_numbers(sums)
             values = distributed.sum_numbers(self.dist, [sums[k] for k in sums] + [n_tok], self.setup.device)
             sums, n_tok = dict(zip(sums, values[:-1])), int(values[-1])
         return sums, n_tok, norm
@@ -372,8 +376,8 @@ class _State:
                 with autocast(self.setup):
                     loss, extra = self.forward(items)
                 (loss * (weight * self.scale / norm)).backward()
-            if weight:
-                sums["loss"] += float(loss.detach())
+            if weight:  # device tensors: summed without waiting for the device; row() reads them once per step
+                sums["loss"] = sums["loss"] + loss.detach()
                 for k, v in extra.items():
                     sums[k] += v
                 if self.dist.sp_rank == 0:  # a sequence group's ranks share its items
@@ -394,6 +398,8 @@ class _State:
             f"(same {self.cfg.batch_size * self.cfg.grad_accum} examples per optimizer step)")
 
     def row(self, done: int, sums: dict, norm: float, n_tok: int, lr: float, grad_norm, dt: float) -> dict:
+        # the step's one wait for the device, for what the log shows
+        sums = host_numbers({**sums, "grad_norm": grad_norm} if grad_norm is not None else sums)
         row = {"step": done, "epoch": round(done / self.steps_per_epoch, 4), "loss": round(sums["loss"] / norm, 6),
                "lr": lr}
         for k in self.task.metric_names:
@@ -402,7 +408,7 @@ class _State:
         row.update(self.rollout_sums)
         self.task.derived(row)
         if grad_norm is not None:
-            row["grad_norm"] = round(grad_norm, 6)
+            row["grad_norm"] = round(sums["grad_norm"], 6)
         row.update({"tokens_per_s": round(n_tok / dt, 1), "step_time_s": round(dt, 3), "tokens": n_tok,
                     "micro_batch_size": self.micro_size,
                     "peak_memory_gib": round(peak_memory_gib(self.setup.device), 3)})
@@ -419,16 +425,25 @@ class _State:
                         distributed.SINGLE if self.cfg.fsdp else self.dist, self.say)
 
 
+def host_numbers(sums: dict) -> dict[str, float]:
+    """{name: float} from a step's sums, some of them device tensors; one transfer for all the tensors (a
+    stack), not one wait per value."""
+    import torch
+
+    keys = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in sums.items() if k not in keys}
+    if keys:
+        values = torch.stack([sums[k].float().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, values))
+    return out
+
+
 def peak_memory_gib(device: str) -> float:
     """Peak memory so far: allocated GPU memory on a GPU (this process), the process's peak resident memory on
     the CPU (Linux reports it in KiB)."""
-    import torch
+    from roctune.hardware import accel
 
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**30
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return accel.peak_memory_bytes(device) / 2**30
 
 
 def evaluate(model, task: Task, batch_size: int, setup: Setup, dist: Context = distributed.SINGLE,

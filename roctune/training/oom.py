@@ -19,11 +19,10 @@ def is_out_of_memory(e: BaseException) -> bool:
 def free_memory(device: str) -> None:
     import gc
 
-    import torch
+    from roctune.hardware import accel
 
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    accel.empty_cache(device)
 
 
 def _estimate_text(cfg, setup, micro_size: int) -> str:

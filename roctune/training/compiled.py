@@ -1,0 +1,119 @@
+"""Regional torch.compile: the decoder layers compiled once per model, not per layer and not the whole model.
+
+Why regional. Compiling the whole model takes minutes and breaks on the parts that are not graph-friendly (mask
+building, the loss, peft's wrappers); every decoder layer of a model runs the same code on same-shaped tensors,
+so one compiled layer serves all of them in seconds.
+
+Why not `layer.compile()` on each layer. That compiles each module's own `_call_impl`: the compiled code guards on
+the module object, so layer 2 misses layer 1's cache and recompiles, and after dynamo's recompile limit (8) the
+remaining layers run eager (measured on the bundled 30-layer model). Here one function takes the layer as an
+argument (`_run_layer`); dynamo inlines nn modules and treats their parameters as inputs, so its guards are on the
+layer's class and structure, and every layer of the model (LoRA attached: peft's LoRA Linear is an nn.Module like
+the rest) hits the same compiled code. Families whose layers differ (Gemma 2/3: sliding and global layers) compile
+once per kind.
+
+Dynamic lengths. `dynamic=True` compiles with symbolic sizes from the first call, so a new batch length does not
+recompile (tests/test_compile.py counts dynamo's compiles across two lengths).
+
+What it wraps: the layer's `forward` as a whole, set on the instance. Everything around a layer keeps working:
+transformers' gradient checkpointing (GradientCheckpointingLayer.__call__ checkpoints the call that reaches this
+forward), roctune's MLP shortcuts and long-sequence tiles (they replace submodule forwards, traced inside).
+
+When (`--compile auto`): on a GPU, where the step is launch-bound (docs/gpu-check-h200.md: ~4,200 kernel launches per
+micro-batch, the GPU busy 25 of 268 ms) and fused kernels pay, once the run is long enough to earn the compile's
+seconds; off on the CPU, where inductor's gain is small next to the compile time of a short run (`--compile on`
+forces it: `roctune bench --compile` measures it).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# --compile auto compiles on a GPU when the run has at least this many optimizer steps: the compile takes
+# ~10-60 s, a step of a small model on a GPU well under a second, so shorter runs would spend more time compiling
+# than the compiled steps save.
+AUTO_MIN_STEPS = 200
+# recipes whose training forward only sees full sequences; GRPO also generates token by token through the same
+# layers (a new shape every token: compiled code would chase it), so auto leaves it eager.
+AUTO_RECIPES = ("sft", "dpo")
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: bool
+    reason: str
+
+
+def choose_compile(setting: str, device: str, total_steps: int, method: str = "sft",
+                   sequence_parallel: int = 1) -> Choice:
+    """Whether to compile the decoder layers, and why (printed like the dtype choice)."""
+    if setting == "on":
+        return Choice(True, "--compile on")
+    if setting == "off":
+        return Choice(False, "--compile off")
+    if device == "cpu":
+        return Choice(False, "auto: CPU (the compile's time is not earned back; --compile on forces it)")
+    if method not in AUTO_RECIPES:
+        return Choice(False, f"auto: {method} generates through the layers (a new shape per token)")
+    if sequence_parallel > 1:  # all-to-all collectives inside attention: not proven under compile
+        return Choice(False, "auto: --sequence-parallel (its collectives run inside the layers; --compile on forces it)")
+    if total_steps < AUTO_MIN_STEPS:
+        return Choice(False, f"auto: {total_steps} steps is too short to earn the compile time "
+                             f"(< {AUTO_MIN_STEPS}; --compile on forces it)")
+    return Choice(True, f"auto: GPU and {total_steps} steps (launch-bound step; one compile serves every layer)")
+
+
+def _run_layer(layer, *args, **kwargs):
+    """The layer's own class forward; compiled once, with the layer as an argument (see the module docstring)."""
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled(backend: str):
+    import torch
+    import torch._inductor.config
+
+    # random ops (LoRA dropout's masks) call torch's own generator as eager does, instead of inductor's: a compiled
+    # run draws the eager run's masks for the same seed, so it reproduces it and resumes exactly (tested losses)
+    torch._inductor.config.fallback_random = True
+    return torch.compile(_run_layer, dynamic=True, backend=backend)
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a transformers model (under peft or not): the entries of its `layers` ModuleList."""
+    import torch.nn as nn
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, nn.ModuleList) else []
+
+
+def compile_layers(model, backend: str = "inductor") -> int:
+    """Route every decoder layer's forward through the one compiled `_run_layer` (`backend`: torch.compile's;
+    tests use aot_eager to check the capture without inductor's C++ build). Returns how many layers."""
+    layers = decoder_layers(model)
+    fn = _compiled(backend)
+    for layer in layers:
+        layer.forward = functools.partial(fn, layer)
+    return len(layers)
+
+
+def apply(model, setting: str, device: str, total_steps: int, method: str = "sft", sequence_parallel: int = 1) -> str:
+    """Choose (`choose_compile`) and, when on, compile the layers; returns the line for the log."""
+    choice = choose_compile(setting, device, total_steps, method, sequence_parallel)
+    if not choice.value:
+        return f"compile: off ({choice.reason})"
+    n = compile_layers(model)
+    if not n:
+        return f"compile: off (no decoder layers found in {type(model).__name__}; {choice.reason})"
+    return f"compile: on ({choice.reason}); {n} decoder layers share one compiled forward"
+
+
+def uncompile_layers(model) -> None:
+    """Back to the class forward (eager)."""
+    for layer in decoder_layers(model):
+        layer.__dict__.pop("forward", None)

@@ -1,0 +1,207 @@
+"""Regional compile (roctune.training.compiled): the compiled decoder layers give the eager path's loss and LoRA
+gradients on the model roctune builds (its shortcuts on), one compile serves every layer and a new length does not
+recompile; --compile auto's choice and its reason; the step's sums stay on the device until the log row.
+
+Inductor's C++ compile takes tens of seconds on the 2-core test machine, so the suite compiles two representative
+families (llama: plain GQA with the gated-MLP shortcut; gemma2: soft-capping and alternating sliding/global
+layers) with inductor, once each; `python tests/test_compile.py` runs every family of the table (minutes)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import family_models
+from conftest import read_metrics, run_train, write_jsonl
+from test_families import CHATS, _batch, _loss_grads, _randomize_lora_b, _roctune_model, _worst
+
+SUITE_FAMILIES = ("llama", "gemma2")
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compare_family(model_dir: str, data_file: str, tmp_path, backend: str = "inductor") -> dict:
+    """Eager vs compiled on the same model (roctune's build, lora_B random, dropout 0), at two batch lengths."""
+    from roctune.training import compiled
+    from roctune.training.losses import token_loss_sum
+
+    lines: list[str] = []
+    _cfg, _setup, model, plan = _roctune_model(model_dir, data_file, 0.0, tmp_path, lines)
+    _randomize_lora_b(model)
+    model.train()
+    full = _batch(model_dir, data_file)
+    cut = full.input_ids.shape[1] - 5
+    shorter = type(full)(**{k: (v[:, :cut] if isinstance(v, torch.Tensor) and v.dim() == 2 else v)
+                            for k, v in vars(full).items()})
+    out = {"layers": len(compiled.decoder_layers(model))}
+    for name, batch in (("full", full), ("short", shorter)):
+        n = int((batch.labels[:, 1:] != -100).sum())
+        fn = lambda m, b=batch, n=n: token_loss_sum(m, b, plan.head) / n  # noqa: E731
+        compiled.uncompile_layers(model)
+        eager = _loss_grads(model, fn)
+        compiled.compile_layers(model, backend=backend)
+        before = _graphs()
+        comp = _loss_grads(model, fn)
+        out[name] = {"loss_diff": abs(eager[0] - comp[0]), "grad_diff": _worst(comp[1], eager[1]),
+                     "new_graphs": _graphs() - before}
+    compiled.uncompile_layers(model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_file(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("compile-data") / "sft.jsonl", [{"messages": c} for c in CHATS])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", SUITE_FAMILIES)
+def test_compiled_layers_equal_eager_and_do_not_recompile_per_length(family, family_dir, sft_file, tmp_path):
+    torch._dynamo.reset()
+    r = _compare_family(family_dir(family), sft_file, tmp_path)
+    for name in ("full", "short"):
+        assert r[name]["loss_diff"] < 1e-5, r
+        assert r[name]["grad_diff"] < 1e-4, r
+    # the first length compiles (a graph per kind of layer, forward only once for every layer); the second reuses it
+    assert r["full"]["new_graphs"] > 0, r
+    assert r["short"]["new_graphs"] == 0, r
+
+
+def test_one_compile_serves_every_layer_of_a_deep_model():
+    """12 layers (over dynamo's recompile limit of 8, which plain per-layer `layer.compile()` hits): at most two
+    graphs (layer 0's input does not require grad, the others' do), and the second length adds none. Compiled
+    with aot_eager: the graph capture and its guards are what is tested here, not inductor's kernels."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from roctune.training import compiled
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.train()
+    assert compiled.compile_layers(model, backend="aot_eager") == 12
+    counts = []
+    for length in (9, 23):
+        x = torch.randint(0, 128, (2, length))
+        model(input_ids=x, labels=x, use_cache=False).loss.backward()
+        counts.append(_graphs())
+    from torch._dynamo.utils import counters
+
+    assert 1 <= counts[0] <= 2 and counts[1] == counts[0], counts
+    assert not any("recompile limit" in k for k in counters["unimplemented"]), dict(counters["unimplemented"])
+    compiled.uncompile_layers(model)
+    assert all("forward" not in layer.__dict__ for layer in compiled.decoder_layers(model))
+
+
+def test_auto_compiles_only_on_a_gpu_for_long_enough_runs():
+    from roctune.training.compiled import AUTO_MIN_STEPS, choose_compile
+
+    assert choose_compile("on", "cpu", 1).value and not choose_compile("off", "cuda", 10**6).value
+    cpu = choose_compile("auto", "cpu", 10**6)
+    assert not cpu.value and "CPU" in cpu.reason
+    short = choose_compile("auto", "cuda", AUTO_MIN_STEPS - 1)
+    assert not short.value and "too short" in short.reason
+    assert choose_compile("auto", "cuda", AUTO_MIN_STEPS).value
+    assert not choose_compile("auto", "cuda", 10**6, "grpo").value
+    assert not choose_compile("auto", "cuda", 10**6, "sft", sequence_parallel=2).value
+
+
+def test_step_sums_are_read_from_the_device_once():
+    from roctune.training.loop import host_numbers
+
+    out = host_numbers({"loss": torch.tensor(2.5), "grad_norm": torch.tensor([0.5]), "n": 3})
+    assert out == {"loss": 2.5, "grad_norm": 0.5, "n": 3.0}
+
+
+@pytest.mark.slow
+def test_train_with_compile_on_logs_the_choice_and_eager_losses(family_dir, sft_file, tmp_path):
+    """`roctune train --compile on` through the whole loop (shortcuts, optimizer, log rows): the same losses as
+    --compile off over 3 steps, and the choice printed with its reason."""
+    from roctune.config import TrainConfig
+
+    losses = {}
+    for setting in ("off", "on"):
+        out = tmp_path / setting
+        cfg = TrainConfig(data=[sft_file], output=str(out), model=family_dir("llama"), max_steps=3, batch_size=2,
+                          grad_accum=1, max_length=256, lora_r=4, lora_alpha=8, lora_dropout=0.0, lr=1e-3,
+                          device="cpu", seed=1, compile=setting).validate()
+        _summary, lines = run_train(cfg)
+        assert any(line.startswith(f"compile: {setting} (--compile {setting})") for line in lines), lines
+        losses[setting] = [r["loss"] for r in read_metrics(out) if "loss" in r]
+    assert len(losses["on"]) == 3
+    assert losses["on"] == pytest.approx(losses["off"], rel=1e-5, abs=1e-6)
+
+
+def test_fused_kernels_are_opt_in_per_family_and_off_on_the_cpu_with_the_reason():
+    from roctune.families import FAMILIES, FUSED_KERNELS
+    from roctune.training.fused import choose_fused, triton_problem
+
+    for fam in FAMILIES:
+        assert set(fam.fused_kernels) <= set(FUSED_KERNELS), fam.name
+        assert not ({"swiglu", "geglu"} <= set(fam.fused_kernels)), fam.name  # one gated activation
+    assert triton_problem("cpu") == "CPU: Triton kernels run on GPUs only"
+    llama = choose_fused("auto", "cpu", {"model_type": "llama"})
+    assert llama.kernels == () and "CPU" in llama.reason
+    assert "opts in to no fused kernel" in choose_fused("auto", "cuda", {"model_type": "granite"}).reason
+    assert choose_fused("off", "cuda", {"model_type": "llama"}).reason == "--fused-kernels off"
+
+
+def test_fused_kernels_are_switched_on_where_triton_runs(monkeypatch):
+    """The GPU decision without a GPU: Triton and liger-kernel reported present, the family's switches are chosen
+    and handed to Liger with every other switch off (the kernels themselves: doctor --selftest on a GPU)."""
+    import types
+
+    from roctune.training import fused
+
+    monkeypatch.setattr(fused, "triton_problem", lambda device: None)
+    choice = fused.choose_fused("auto", "cuda", {"model_type": "gemma2"})
+    assert choice.kernels == ("rms_norm", "rope", "geglu")
+    seen = {}
+    module = types.ModuleType("liger_kernel.transformers")
+    module._apply_liger_kernel_to_instance = lambda model, **kw: seen.update(model=model, **kw)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", module)
+    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    line = fused.apply(model, "auto", "cuda")
+    assert line.startswith("fused kernels: rms_norm, rope, swiglu (Liger-Kernel")
+    assert seen == {"model": model, "rope": True, "rms_norm": True, "swiglu": True, "geglu": False,
+                    "cross_entropy": False, "fused_linear_cross_entropy": False}
+
+
+def test_selftest_reports_why_fused_kernels_are_not_checked_on_the_cpu():
+    from roctune.doctor import selftest as st
+
+    cfg = st.tiny_config()
+    found = st.check_fused_and_compiled(cfg, None, None, "cpu", "fp32", "sdpa")
+    assert [(f.id, f.level) for f in found] == [("selftest.fused", "ok")]
+    assert "CPU: Triton kernels run on GPUs only" in found[0].message
+
+
+if __name__ == "__main__":  # every family of the table (minutes): python tests/test_compile.py [BACKEND]
+    import os
+    import pathlib
+    import tempfile
+
+    from roctune.models import resolve_model
+
+    backend = sys.argv[1] if len(sys.argv) > 1 else "inductor"
+    base = resolve_model(None)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_jsonl(f"{tmp}/sft.jsonl", [{"messages": c} for c in CHATS])
+        bad = 0
+        for fam in family_models.CONFIGS:
+            torch._dynamo.reset()
+            os.makedirs(f"{tmp}/{fam}")
+            r = _compare_family(family_models.build(fam, f"{tmp}/{fam}", base), data,
+                                pathlib.Path(tmp) / f"{fam}-run", backend)
+            ok = all(r[n]["loss_diff"] < 1e-5 and r[n]["grad_diff"] < 1e-4 for n in ("full", "short"))
+            ok = ok and r["short"]["new_graphs"] == 0
+            bad += not ok
+            print(f"{fam:10s} {backend} {'ok ' if ok else 'BAD'} {r}", flush=True)
+    sys.exit(1 if bad else 0)
