@@ -45,7 +45,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     if attn == "flash_attention_2":
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
     tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-    tokenizer = load_tokenizer(tok_source, trust_remote_code)
+    tokenizer = load_tokenizer(tok_source, trust_remote_code, rundir.template_name(adapter) if adapter else None)
     m = None
     if adapter is not None:
         from roctune.methods import bitsandbytes_problem, load_4bit
