@@ -231,3 +231,15 @@ def test_output_parent_is_made_when_written(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="is not a writable folder"):
         check_output(str(adapter), str(tmp_path / "file" / "out"), overwrite=False)
+
+
+def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokenizer_dir, capfd):
+    import logging
+
+    from roctune.export.gguf_file import _special_vocab
+
+    logging.getLogger("gguf.vocab").propagate = True
+    special = _special_vocab(gemma_tokenizer_dir, False, 262144)
+    assert special.special_token_ids["bos"] == 2
+    captured = capfd.readouterr()
+    assert "TemplateProcessing" not in captured.err + captured.out  # gguf's "Unknown separator token '<bos>'"

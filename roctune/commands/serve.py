@@ -22,7 +22,8 @@ ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible API server for a model and its adapters",
                        description=__doc__)
-    p.add_argument("--model", metavar="NAME", help="base model (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="NAME", help="base model (default: the one the adapters were trained on, "
+                   "from their run.yaml; without adapters the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--adapter", metavar="NAME=DIR", action="append", default=[],
                    help="serve the adapter in DIR as model NAME (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
