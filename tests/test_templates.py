@@ -125,7 +125,7 @@ def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_pat
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = str(tmp_path / "run")
     lines: list[str] = []
-    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="full", max_steps=12, batch_size=4,
+    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="full", max_steps=40, batch_size=4,
                       grad_accum=1, lr=1e-2, max_length=32, device="cpu", seed=0, data_cache=False)
     summary = train(cfg, log=lines.append, progress=False)
     assert any(line.startswith("chat template: gemma (the model has no chat template") for line in lines)
