@@ -73,6 +73,12 @@ class TrainConfig:
                                "thinking), mask it (context only) or drop it", choices=("learn", "mask", "drop"),
                                group="data",
                 zh=("空的思考块", "回答中空的 <think></think> 块：学习它（不思考直接回答）、遮蔽它（仅作上下文）或删除它"))
+    # ---- chat template (roctune/data/templates.py holds the rows and checks the name before a model loads)
+    template: str | None = setting(None, "chat template by name (chatml, llama3, qwen2.5, qwen3, gemma, mistral, phi3, "
+                                   "deepseek-r1, ...) for a model without one, or to override its own; default: the "
+                                   "model's own, else its family's", metavar="NAME", group="data",
+                zh=("对话模板", "按名称选择对话模板（chatml、llama3、qwen2.5、qwen3、gemma、mistral、phi3、deepseek-r1 等），"
+                    "用于没有模板的模型或替换它自带的；默认：模型自带的，否则用其系列的模板"))
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
                                "--resume does not tokenize again", group="data",
                 zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或 --resume 时不必重新分词"))

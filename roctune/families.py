@@ -13,7 +13,8 @@ code and what it defaults to:
 - the output layer (`logits_divisor`, `logits_softcap`): what the model does to lm_head's output before the loss,
   named by config key, so the supervised-positions head computes the same logits.
 - attention (`attention_softcap`): a config key that, when set, needs an attention kernel that soft-caps scores.
-- the chat template's end-of-turn tokens (generation stops there) and pad token candidates.
+- the chat template's end-of-turn tokens (generation stops there) and pad token candidates; `template`: the
+  row of roctune/data/templates.py a base model of the family gets when it has no chat template.
 - the parameter layout the memory estimate counts (norms, q/k norms, fused projections, biases, experts).
 - `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows; the rest of each
   family's GGUF layout is its spec in roctune/export/gguf_specs.py.
@@ -62,6 +63,7 @@ class Family:
     logits_softcap: str | None = None      # config key: logits = cap * tanh(lm_head(h) / cap) (Gemma 2)
     attention_softcap: str | None = None   # config key: when set, attention scores are soft-capped
     end_of_turn: tuple[str, ...] = ()      # tokens the chat template ends an answer with: generation stops there
+    template: str | None = None            # roctune.data.templates row a base model without a template gets
     pad_tokens: tuple[str, ...] = ()       # pad token candidates when the tokenizer has none (else its EOS)
     norms_per_layer: int = 2               # RMSNorms of hidden size per decoder layer
     qk_norm: bool = False                  # per-head RMSNorm on queries and keys (head_dim each)
@@ -80,37 +82,38 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("llama", "Llama 3.x, SmolLM2, DeepSeek-R1-Distill-Llama", ("llama",), "LlamaForCausalLM",
            mlp_classes=("LlamaMLP",), end_of_turn=("<|eot_id|>", "<|eom_id|>", "<|im_end|>"),
-           pad_tokens=("<|finetune_right_pad_id|>",), gguf_arch="llama", gguf_permute_qk=True, fused_kernels=GATED,
-           examples=("meta-llama/Llama-3.2-1B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")),
+           pad_tokens=("<|finetune_right_pad_id|>",), template="llama3", gguf_arch="llama", gguf_permute_qk=True,
+           fused_kernels=GATED, examples=("meta-llama/Llama-3.2-1B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")),
     Family("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", ("qwen2",), "Qwen2ForCausalLM",
            mlp_classes=("Qwen2MLP",), qkv_bias=True, end_of_turn=("<|im_end|>", "<|endoftext|>"), fused_kernels=GATED,
-           gguf_arch="qwen2", examples=("Qwen/Qwen2.5-7B-Instruct",)),
+           template="qwen2.5", gguf_arch="qwen2", examples=("Qwen/Qwen2.5-7B-Instruct",)),
     Family("qwen3", "Qwen3 (dense)", ("qwen3",), "Qwen3ForCausalLM", mlp_classes=("Qwen3MLP",), qk_norm=True,
-           fused_kernels=GATED,
-           end_of_turn=("<|im_end|>", "<|endoftext|>"), gguf_arch="qwen3", examples=("Qwen/Qwen3-8B",)),
+           fused_kernels=GATED, end_of_turn=("<|im_end|>", "<|endoftext|>"), template="qwen3", gguf_arch="qwen3",
+           examples=("Qwen/Qwen3-8B",)),
     Family("qwen3_moe", "Qwen3 mixture of experts", ("qwen3_moe",), "Qwen3MoeForCausalLM",
            mlp_classes=("Qwen3MoeMLP",), qk_norm=True, moe=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
-           gguf_arch="qwen3moe", examples=("Qwen/Qwen3-30B-A3B",)),
+           template="qwen3", gguf_arch="qwen3moe", examples=("Qwen/Qwen3-30B-A3B",)),
     Family("mistral", "Mistral 7B, Mistral Nemo, Ministral", ("mistral",), "MistralForCausalLM",
-           mlp_classes=("MistralMLP",), end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
-           fused_kernels=GATED,
+           mlp_classes=("MistralMLP",), end_of_turn=("</s>",), template="mistral", gguf_arch="llama",
+           gguf_permute_qk=True, fused_kernels=GATED,
            examples=("mistralai/Mistral-7B-Instruct-v0.3",)),
     Family("mixtral", "Mixtral mixture of experts", ("mixtral",), "MixtralForCausalLM", moe=True,
-           end_of_turn=("</s>",), gguf_arch="llama", gguf_permute_qk=True,
+           end_of_turn=("</s>",), template="mistral", gguf_arch="llama", gguf_permute_qk=True,
            examples=("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
     # Gemma 2 soft-caps both the attention scores and the final logits (config keys below): SDPA cannot do the
     # former; the supervised and chunked heads apply the latter, with its derivative.
     Family("gemma2", "Gemma 2", ("gemma2",), "Gemma2ForCausalLM", mlp_classes=("Gemma2MLP",),
            logits_softcap="final_logit_softcapping",
            attention_softcap="attn_logit_softcapping", end_of_turn=("<end_of_turn>",), norms_per_layer=4,
-           gguf_arch="gemma2", fused_kernels=("rms_norm", "rope", "geglu"), examples=("google/gemma-2-2b-it",)),
+           template="gemma", gguf_arch="gemma2", fused_kernels=("rms_norm", "rope", "geglu"),
+           examples=("google/gemma-2-2b-it",)),
     Family("gemma3", "Gemma 3 (text)", ("gemma3_text",), "Gemma3ForCausalLM", mlp_classes=("Gemma3MLP",),
            logits_softcap="final_logit_softcapping", attention_softcap="attn_logit_softcapping",
-           end_of_turn=("<end_of_turn>",), norms_per_layer=4, qk_norm=True, gguf_arch="gemma3",
+           end_of_turn=("<end_of_turn>",), norms_per_layer=4, qk_norm=True, template="gemma", gguf_arch="gemma3",
            examples=("google/gemma-3-1b-it",)),
     Family("phi3", "Phi-3, Phi-3.5, Phi-4", ("phi3",), "Phi3ForCausalLM", targets=("qkv_proj", "o_proj"),
            mlp_classes=("Phi3MLP",), fused_gate_up=True, fused_qkv=True, end_of_turn=("<|end|>", "<|im_end|>"),
-           gguf_arch="phi3", examples=("microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4")),
+           template="phi3", gguf_arch="phi3", examples=("microsoft/Phi-3.5-mini-instruct", "microsoft/phi-4")),
     Family("granite", "IBM Granite 3.x", ("granite",), "GraniteForCausalLM", mlp_classes=("GraniteMLP",),
            logits_divisor="logits_scaling", end_of_turn=("<|end_of_text|>",), gguf_arch="granite",
            gguf_permute_qk=True,  # llama.cpp runs granite with the llama rope (its converter subclasses llama's)

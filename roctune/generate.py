@@ -20,13 +20,15 @@ class Loaded:
 
 
 def load_for_inference(adapter: str | None = None, model: str | None = None, device: str = "auto",
-                       dtype: str = "auto", trust_remote_code: bool = False) -> Loaded:
+                       dtype: str = "auto", trust_remote_code: bool = False, template: str | None = None) -> Loaded:
     """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top.
-    The run directory of a freeze/full training holds a whole model: it is loaded as the model itself."""
+    The run directory of a freeze/full training holds a whole model: it is loaded as the model itself. The chat
+    template is the one the run was trained with (run.yaml), else `template`, else the model's own."""
     from roctune.hardware import choose_attention, choose_device, choose_dtype
     from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
     base_name = model
+    template = (rundir.template_name(adapter) if adapter else None) or template
     if adapter is not None and model is None:
         if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):
             # a freeze/full run saved the whole model: load it directly, with no adapter on top
@@ -45,7 +47,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     if attn == "flash_attention_2":
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
     tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-    tokenizer = load_tokenizer(tok_source, trust_remote_code)
+    tokenizer = load_tokenizer(tok_source, trust_remote_code, template)
     m = None
     if adapter is not None:
         from roctune.methods import bitsandbytes_problem, load_4bit

@@ -29,8 +29,10 @@ def check_output(adapter: str, output: str, overwrite: bool, marker: str = MARKE
         raise ConfigError(f"--output {output}: must be outside --adapter {adapter} (and not contain it); choose "
                           "another directory")
     parent = os.path.dirname(out)
+    while not os.path.exists(parent):  # missing folders are made when the output is written
+        parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise ConfigError(f"--output {output}: the folder {parent} does not exist or is not writable")
+        raise ConfigError(f"--output {output}: {parent} is not a writable folder; choose another --output")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"--output {output}: exists and is not a directory; choose another --output")
     if os.path.isdir(out) and os.listdir(out):
@@ -61,7 +63,7 @@ def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = Fals
         base = resolve_model(rundir.read_run(adapter).get("base_model"))
         trust = False  # trust_remote_code never comes from a file
         tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-        tok = load_tokenizer(tok_src, trust)
+        tok = load_tokenizer(tok_src, trust, rundir.template_name(adapter))
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
         log(f"qlora adapter: loading {base} in 4-bit as in training, then dequantizing it to {dtype} to merge")
         merged, before, after = dequantized_merge(adapter, base, dtype, enc, trust, log)

@@ -169,10 +169,12 @@ def resolve_model(name: str | None) -> str:
                          "download it where there is network, or pass a local directory") from None
 
 
-def load_tokenizer(path: str | None, trust_remote_code: bool = False):
+def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: str | None = None):
+    """The tokenizer of `path` with its chat template chosen (roctune.data.templates: `template` names one, else
+    the model's own, else its family's) and a pad token."""
     from transformers import AutoTokenizer
 
-    from roctune.data.render import ensure_chat_template
+    from roctune.data.templates import apply_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
     if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):  # a folder, but not a model's
@@ -185,22 +187,28 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False):
         check_model_files(path)
         check_tokenizer_file(path)
         raise
+    family = _family(path)
     if tok.pad_token_id is None:
-        _family_pad(tok, path)
-    ensure_chat_template(tok)  # the EOS pads where nothing better is known
+        _family_pad(tok, family)
+    apply_template(tok, template, family)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # the EOS pads where nothing better is known
     return tok
 
 
-def _family_pad(tokenizer, path: str) -> None:
-    """A tokenizer without a pad token gets its family's reserved pad token when it has one (Llama 3.1's
-    <|finetune_right_pad_id|>), so padding is never the token that ends an answer."""
+def _family(path: str):
     from roctune.families import family_of
     from roctune.memory.configs import load_config
 
     try:
-        family = family_of(load_config(path))
+        return family_of(load_config(path))
     except Exception:  # noqa: BLE001 - a folder without a readable config.json (an adapter's tokenizer)
-        return
+        return None
+
+
+def _family_pad(tokenizer, family) -> None:
+    """A tokenizer without a pad token gets its family's reserved pad token when it has one (Llama 3.1's
+    <|finetune_right_pad_id|>), so padding is never the token that ends an answer."""
     vocab = tokenizer.get_vocab() if family else {}
     for token in family.pad_tokens if family else ():
         if token in vocab:
@@ -355,6 +363,7 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     """Token ids that end an answer: the model's generation config's EOS ids, the tokenizer's EOS, and the end-of-turn
     tokens its family's chat template puts after each answer (families.Family.end_of_turn) where the vocabulary has
     them, so generation stops where training taught the answer to stop even when generation_config.json lacks one."""
+    from roctune.data.templates import template_of
     from roctune.families import family_of
 
     config = getattr(model, "config", None)
@@ -363,6 +372,8 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     family = family_of(config) if config is not None else None
-    vocab = tokenizer.get_vocab() if family else {}
+    vocab = tokenizer.get_vocab()
     ids += [vocab[t] for t in (family.end_of_turn if family else ()) if t in vocab]
+    chosen = template_of(tokenizer)  # a --template row (saved with the run): its end-of-turn tokens too
+    ids += [vocab[t] for t in (chosen.end_of_turn if chosen else ()) if t in vocab]
     return list(dict.fromkeys(ids))

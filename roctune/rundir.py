@@ -102,8 +102,9 @@ def write_dir_atomically(target: str, fill: Callable[[str], None]) -> None:
     `target` is moved aside first and deleted only after the new one is in place, so a killed write leaves
     either the old or the new folder, and the temporary folder is removed on any error. The temporary names carry
     the target's name and the writer's pid (`.tmp-NAME.PID-xxxx`): what a killed writer left is removed by the
-    next write of the same target (remove_stale_temps)."""
+    next write of the same target (remove_stale_temps). A missing parent folder is made (`--output a/b`)."""
     parent = os.path.dirname(os.path.abspath(target))
+    os.makedirs(parent, exist_ok=True)
     remove_stale_temps(target)
     mine = f"{os.path.basename(os.path.abspath(target))}.{os.getpid()}-"
     tmp = tempfile.mkdtemp(prefix=".tmp-" + mine, dir=parent)
@@ -421,6 +422,17 @@ def write_run(run_dir: str, doc: dict) -> None:
     import yaml
 
     atomic_write_text(os.path.join(run_dir, RUN_FILE), yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+
+
+def template_name(run_dir: str) -> str | None:
+    """The chat template a run was trained with, by name (roctune.data.templates), when roctune chose one;
+    None: the model's own. Every later command renders with it, so the model is asked as it was taught."""
+    try:
+        doc = read_run(run_dir)
+    except RoctuneError:
+        return None
+    chosen = doc.get("template")
+    return chosen.get("name") if isinstance(chosen, dict) else None
 
 
 def read_run(run_dir: str) -> dict:

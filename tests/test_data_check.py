@@ -108,6 +108,8 @@ def tiny_tokenizer_dir(tmp_path_factory):
     tok = tokenizers.Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>")
+    # ChatML's markers as single tokens: a template-less tokenizer gets ChatML only where it can write it
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     d = tmp_path_factory.mktemp("tok")
     fast.save_pretrained(d)
     return str(d)

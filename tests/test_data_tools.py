@@ -117,7 +117,8 @@ def test_preview_cli_json_shape(tmp_path, capsys):
     path = sources(tmp_path)["openai"]
     assert main(["data", "preview", path, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"segments", "tokens", "learned_tokens"}
+    assert set(out) == {"segments", "tokens", "learned_tokens", "template"}
+    assert out["template"] == {"name": None, "reason": "the model's own chat template", "reasoning": ""}
     assert all(set(s) == {"text", "train"} for s in out["segments"])
     assert 0 < out["learned_tokens"] < out["tokens"]
     assert main(["data", "preview", path, "--index", "3"]) == 2

@@ -53,6 +53,8 @@ def register(subparsers) -> None:
     pv.add_argument("source", metavar="SOURCE", help=DATA_HELP)
     pv.add_argument("--index", type=int, default=0, metavar="N", help="which record (0-based; default 0)")
     pv.add_argument("--model", help="whose tokenizer and chat template (default: the bundled model)")
+    pv.add_argument("--template", metavar="NAME", help="chat template by name (--template of `train`; default: "
+                    "the model's own, else its family's)")
     pv.add_argument("--max-length", type=int, metavar="L", help="cut the record at L tokens, as training does")
     pv.add_argument("--no-learn-reasoning", dest="learn_reasoning", action="store_false",
                     help="show reasoning as context only (--no-learn-reasoning of `train`)")
@@ -194,7 +196,7 @@ def _split(args) -> int:
 def _preview(args) -> int:
     from rich.text import Text
 
-    from roctune.data.preview import preview_record
+    from roctune.data.preview import preview_record, template_choice
     from roctune.data.render import RenderOptions
     from roctune.errors import ConfigError
     from roctune.models import load_tokenizer
@@ -202,13 +204,18 @@ def _preview(args) -> int:
     if args.max_length is not None and args.max_length <= 0:
         raise ConfigError("--max-length must be a positive number of tokens")
     options = RenderOptions(args.learn_reasoning, args.empty_think)
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model, template=args.template)
     where, result = preview_record(args.source, tokenizer, args.index, options, args.max_length)
+    result["template"] = template_choice(tokenizer, options)
     if args.json:
         json.dump(result, sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")
         return 0
     con = _console()
+    con.print(f"chat template: {result['template']['name'] or 'own'} ({result['template']['reason']})",
+              markup=False)
+    if result["template"]["reasoning"]:
+        con.print(f"reasoning: {result['template']['reasoning']}", markup=False)
     con.print(f"[bold]{where}[/]: {result['tokens']} tokens, {result['learned_tokens']} learned "
               "([bold green]learned[/], [dim]context[/])")
     text = Text()

@@ -22,7 +22,8 @@ ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max
 def register(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible API server for a model and its adapters",
                        description=__doc__)
-    p.add_argument("--model", metavar="NAME", help="base model (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="NAME", help="base model (default: the one the adapters were trained on, "
+                   "from their run.yaml; without adapters the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--adapter", metavar="NAME=DIR", action="append", default=[],
                    help="serve the adapter in DIR as model NAME (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -55,6 +56,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
+    from roctune.serve.adapters import adapters_base
     from roctune.hardware.network import is_loopback
     from roctune.serve.server import check_host, uvicorn_config
 
@@ -71,8 +73,9 @@ def run(args) -> int:
     api_key = args.api_key or os.environ.get("ROCTUNE_API_KEY") or None
     check_host(args.host, api_key, args.allow_no_key)
     adapters = parse_adapter_specs(args.adapter)
+    args.model, template = adapters_base(args.model, adapters)  # without --model: the adapters' base (run.yaml)
     if args.engine == "vllm":
-        return run_vllm(args, adapters, api_key)
+        return run_vllm(args, adapters, api_key, template)
     sock = bind_socket(args.host, args.port)  # fail fast on a busy port, before loading the model
     if not is_loopback(args.host) and not api_key:
         print(f"roctune serve: warning: listening on {args.host} without an API key (--allow-no-key); anyone who "
@@ -82,7 +85,8 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     engine = build_engine(args.model, adapters, device=args.device, dtype=args.dtype, max_batch=args.max_batch,
-                          batch_wait_ms=args.batch_wait_ms, trust_remote_code=args.trust_remote_code)
+                          batch_wait_ms=args.batch_wait_ms, trust_remote_code=args.trust_remote_code,
+                          template=template)
     settings = Settings(api_key=api_key, adapter_root=os.path.abspath(root) if root else None,
                         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
     app = create_app(engine, settings)
@@ -101,7 +105,7 @@ def run(args) -> int:
     return 0
 
 
-def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
+def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None, template: str | None = None) -> int:
     """vLLM's server in a child process, after every check; its exit status is ours."""
     import subprocess
 
@@ -115,7 +119,7 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None) -> int:
     python = find_vllm_python(args.vllm_python)
     launch = prepare(args.model, adapters, python=python, host=args.host, port=args.port, api_key=api_key,
                      device=args.device, dtype=args.dtype, max_batch=args.max_batch,
-                     trust_remote_code=args.trust_remote_code)
+                     trust_remote_code=args.trust_remote_code, template=template)
     bind_socket(args.host, args.port).close()  # a busy port fails here, in one line, not deep in vLLM's log
     for note in launch.notes:
         print(f"roctune serve: {note}", file=sys.stderr)

@@ -8,7 +8,8 @@ import sys
 from itertools import islice
 
 from roctune.data.records import Example, iter_examples
-from roctune.data.render import RenderOptions, conversation_segments, tokenize_segments
+from roctune.data.render import RenderOptions, conversation_segments, template_traits, tokenize_segments
+from roctune.data.templates import template_of
 from roctune.errors import DataError
 
 
@@ -52,3 +53,16 @@ def preview_record(spec: str, tokenizer, index: int = 0, options: RenderOptions 
     """(where the record is, its preview) for record `index` of one --data value."""
     ex = read_example(spec, index)
     return ex.where, preview_conversation(tokenizer, ex.messages, ex.tools, options, max_length, ex.where)
+
+
+def template_choice(tokenizer, options: RenderOptions) -> dict:
+    """`{"name", "reason", "reasoning"}`: which chat template renders (a templates row, None: the model's own),
+    why, and what becomes of reasoning the template leaves out ("" when it keeps it)."""
+    chosen = template_of(tokenizer)
+    reasoning = ""
+    if template_traits(tokenizer).drops_reasoning:
+        reasoning = ("the template leaves reasoning out of answers; "
+                     + ("the learned answers keep it as <think>...</think> before the answer" if options.learn_reasoning
+                        else "--no-learn-reasoning: rendered as the template does, without it"))
+    return {"name": chosen.name if chosen else None, "reason": getattr(tokenizer, "roctune_template_reason", ""),
+            "reasoning": reasoning}

@@ -28,18 +28,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_conversation, render_fallback_calls,
                                         tool_format_of)
+from roctune.data import templates
 from roctune.data.formats import parse_tool_calls
 from roctune.errors import DataError
 
 if TYPE_CHECKING:
     from roctune.data.records import Record
 
-# Used only when a tokenizer has no chat template of its own (base models); saved with the adapter so
-# inference renders exactly the same way.
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# Kept for callers that name it: the ChatML row of roctune/data/templates.py.
+FALLBACK_CHAT_TEMPLATE = templates.get("chatml").jinja
 
 EMPTY_THINK = ("learn", "mask", "drop")
 
@@ -61,9 +58,10 @@ class RenderOptions:
 
 
 def ensure_chat_template(tokenizer) -> None:
-    """Give a tokenizer without a chat template the fallback one, and a pad token (its EOS) if it lacks one."""
+    """A tokenizer that came without `models.load_tokenizer` (which chooses the template): ChatML when it has no
+    template and its vocabulary has ChatML's markers, else a ConfigError naming --template; and a pad token."""
     if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        templates.apply_template(tokenizer, None, None)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
 
@@ -144,10 +142,13 @@ class TemplateTraits:
     `system_role`: it renders a system turn (Gemma 2's raises "System role not supported"; then the system prompt
     is put before the first user message, as Gemma 3's own template does). `end_suffix`: text it writes only after
     the conversation's last message (Phi-3's appends its EOS when no generation prompt follows), which is not part
-    of any answer: earlier answers are rendered without it once a later turn follows."""
+    of any answer: earlier answers are rendered without it once a later turn follows. `drops_reasoning`: it leaves
+    an answer's reasoning out, in the last turn (DeepSeek-R1's keeps only the text after </think>) or once a later
+    user turn follows (Qwen3's); see `conversation_segments` for what training does about it."""
 
     system_role: bool = True
     end_suffix: str = ""
+    drops_reasoning: bool = False
 
 
 def template_traits(tokenizer) -> TemplateTraits:
@@ -172,12 +173,27 @@ def template_traits(tokenizer) -> TemplateTraits:
                     break
     except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
         pass
-    traits = TemplateTraits(system_role, end_suffix)
+    traits = TemplateTraits(system_role, end_suffix, _drops_reasoning(tokenizer, tpl))
     try:
         tokenizer._roctune_traits = (tpl, traits)
     except AttributeError:
         pass
     return traits
+
+
+def _drops_reasoning(tokenizer, tpl: str) -> bool:
+    """Whether an answer's reasoning is missing from the rendered text (probed in the last turn and in an
+    earlier one), given the reasoning as `_reasoning` hands it to this template."""
+    user = {"role": "user", "content": "Hi"}
+    answer = {"role": "assistant", "content": "ANSWER-PROBE", "reasoning_content": "REASONING-PROBE"}
+    for messages in ([user, answer], [user, answer, user]):
+        try:
+            text = _render(tokenizer, _reasoning(messages, "reasoning_content" in tpl, RenderOptions()), False)
+        except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
+            return False
+        if "ANSWER-PROBE" in text and "REASONING-PROBE" not in text:
+            return True
+    return False
 
 
 def _fold_system(messages: list[dict]) -> list[dict]:
@@ -245,6 +261,32 @@ def _answer_segments(text: str, options: RenderOptions) -> list[tuple[str, bool]
     return [p for p in parts if p[0]]
 
 
+def _take_reasoning(messages: list[dict]) -> tuple[list[dict], dict[int, str]]:
+    """The messages without reasoning (no `reasoning_content`, no <think> block) and each assistant turn's
+    reasoning by index: for templates that drop it (see `conversation_segments`)."""
+    out, thoughts = [], {}
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            m = dict(m)
+            reasoning = m.pop("reasoning_content", None)
+            found = THINK_RE.search(m["content"])
+            if found:
+                reasoning = found.group(1)
+                m["content"] = m["content"][:found.start()] + m["content"][found.end():]
+            if reasoning is not None:
+                thoughts[i] = reasoning
+        out.append(m)
+    return out, thoughts
+
+
+def _with_reasoning(learned: str, content: str, reasoning: str) -> str:
+    """The learned text of an answer with its reasoning written before the answer's text, as the model writes it
+    at inference (`<think>\n...\n</think>\n\n` + answer)."""
+    at = learned.find(content.strip()) if content.strip() else 0
+    at = max(at, 0)
+    return f"{learned[:at]}<think>\n{reasoning.strip()}\n</think>\n\n{learned[at:]}"
+
+
 def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | None = None,
                           options: RenderOptions | None = None, where: str = "") -> list[tuple[str, bool]]:
     """The conversation rendered by the chat template as (text, learned) pieces, in order.
@@ -252,11 +294,21 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
     It is rendered by the same template as `render_prompt`, once up to each assistant turn (with the generation
     prompt) and once with it; the difference is the turn's learned text (with its end-of-turn token), so the
     split between prompt and answer is exact.
+
+    A template that drops reasoning (`TemplateTraits.drops_reasoning`: DeepSeek-R1's from every answer, Qwen3's
+    from answers a later user turn follows) would train answers without their thinking, i.e. teach a reasoning
+    model to stop thinking. When reasoning is learned, the conversation is rendered without any reasoning (so
+    every turn renders the same way alone and followed) and each answer's reasoning is written into its learned
+    text as the model generates it; with `learn_reasoning` off the template's own rendering stands.
     """
     ensure_chat_template(tokenizer)
     options = options or RenderOptions()
     messages, tools = prepare_messages(tokenizer, messages, tools, options)
-    end = template_traits(tokenizer).end_suffix
+    traits = template_traits(tokenizer)
+    end = traits.end_suffix
+    thoughts: dict[int, str] = {}
+    if traits.drops_reasoning and options.learn_reasoning:
+        messages, thoughts = _take_reasoning(messages)
     segments: list[tuple[str, bool]] = []
     rendered = ""
     for i, m in enumerate(messages):
@@ -272,7 +324,10 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
                             "records into single-turn ones")
         if len(prompt_text) > len(rendered):
             segments.append((prompt_text[len(rendered):], False))
-        segments += _answer_segments(full_text[len(prompt_text):], options)
+        learned = full_text[len(prompt_text):]
+        if i in thoughts:
+            learned = _with_reasoning(learned, m["content"], thoughts[i])
+        segments += _answer_segments(learned, options)
         rendered = full_text
     if end and messages and messages[-1]["role"] == "assistant":
         segments.append((end, False))

@@ -67,7 +67,7 @@ def evaluate(opts: Options, records: list, max_length: int, tasks, say) -> dict:
         base_name = opts.model or rundir.base_model(opts.adapter)
         del tuned
         gc.collect()
-        base = load_for_inference(None, base_name, **kw)
+        base = load_for_inference(None, base_name, template=rundir.template_name(opts.adapter), **kw)
     base_sum, base_rows = scoring.score_side(base, items, False, *args, say)
     result = {"n": len(items), "base": base_sum, "tuned": tuned_sum}
     if tasks:

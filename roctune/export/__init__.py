@@ -45,7 +45,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     full = rundir.is_full_model_dir(adapter)
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-    tok = load_tokenizer(tok_src)
+    tok = load_tokenizer(tok_src, template=rundir.template_name(adapter))  # the GGUF's template: the run's
     family, _, pre = gguf_file.check_model(adapter if full else base, tok, (base,))  # before any weights load
     _check_checker(fmt, verify, pre)
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))

@@ -224,7 +224,7 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, mode
     else:
         _bpe_vocab(w, tokenizer, vocab_size, pre)
     vocab = tokenizer.get_vocab()
-    special = gguf.SpecialVocab(model_dir, load_merges=not model_file, n_vocab=vocab_size)
+    special = _special_vocab(model_dir, not model_file, vocab_size)
     special.chat_template = tokenizer.chat_template
     first = tokenizer("a")["input_ids"][:1]
     special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
@@ -234,6 +234,23 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, mode
         special.special_token_types = tuple(special.special_token_types) + ("eot",)
         special.special_token_ids["eot"] = eot
     special.add_to_gguf(w)
+
+
+def _special_vocab(model_dir: str, merges: bool, vocab_size: int):
+    """gguf's SpecialVocab, quietly: it guesses from tokenizer.json's post-processor whether BOS/EOS are added and
+    warns about the parts it cannot read (Gemma's: "Unknown separator token '<bos>' in TemplateProcessing<pair>"),
+    a stray line on every export, while `_vocab` sets add_bos/add_eos itself from what the tokenizer does."""
+    import logging
+
+    import gguf
+
+    log = logging.getLogger("gguf.vocab")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return gguf.SpecialVocab(model_dir, load_merges=merges, n_vocab=vocab_size)
+    finally:
+        log.setLevel(level)
 
 
 def _bpe_vocab(w, tokenizer, vocab_size: int, pre: str) -> None:

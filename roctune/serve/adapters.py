@@ -82,6 +82,23 @@ def parse_adapter_specs(specs: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def adapters_base(model: str | None, adapters: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """(base model, chat template name) for serving `adapters`: the base is --model when given, else the one the
+    adapters' run.yaml names (as every other command reads it); the template is the one they were trained with.
+    Adapters of different bases, or of different templates, cannot share one model: ConfigError in one line."""
+    bases = {spec: rundir.base_model(path) for spec, path in adapters}
+    templates = {spec: rundir.template_name(path) for spec, path in adapters}
+    # with --model, an adapter of another base is refused by its own check when it loads
+    for what, found in ([("base models", bases)] if model is None else []) + [("chat templates", templates)]:
+        if len(set(found.values())) > 1:
+            shown = ", ".join(f"{name}={value or 'its own'}" for name, value in found.items())
+            raise ConfigError(f"--adapter: these adapters were trained with different {what} ({shown}); "
+                              "serve each group with its own `roctune serve`")
+    if model is None and bases:
+        model = next(iter(bases.values()))
+    return model, next(iter(templates.values()), None)
+
+
 # -------------------------------------------------------------------------------------------- the stack
 @dataclass
 class Adapter:

@@ -42,7 +42,7 @@ class Engine:
 
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
                  batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024,
-                 rope_scaling: str = ""):
+                 rope_scaling: str = "", template: str | None = None):
         from roctune.hardware import choose_attention, choose_device, choose_dtype
         from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
@@ -55,7 +55,7 @@ class Engine:
         attn = fit_attention(choose_attention("auto", self.device, self.dtype), "auto", self.base_path).value
         if attn == "flash_attention_2":
             attn = "sdpa"  # left-padded batches with a KV cache: sdpa is the safe kernel everywhere
-        self.tokenizer = load_tokenizer(self.base_path, trust_remote_code)
+        self.tokenizer = load_tokenizer(self.base_path, trust_remote_code, template)  # the adapters' (run.yaml)
         base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code, rope_scaling)
         base.eval()
         self.stack = AdapterStack(base, self.base_id, self.base_path, rope_scaling)

@@ -286,7 +286,7 @@ def shown(argv: list[str]) -> str:
 
 def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, host: str, port: int,
             api_key: str | None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
-            trust_remote_code: bool = False) -> VllmLaunch:
+            trust_remote_code: bool = False, template: str | None = None) -> VllmLaunch:
     """Every check, then the launch: the base resolved, each adapter checked, vLLM's presence checked. --dtype
     auto is roctune's engine's choice for the device (fp32 on the CPU), so both engines compute alike."""
     from roctune.hardware import choose_device, choose_dtype
@@ -297,7 +297,7 @@ def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, hos
     base_id = base_model_id(model)
     adapters = [check_adapter(name, path, base_path, base_id) for name, path in specs]
     check_has_vllm(python)
-    tokenizer = load_tokenizer(base_path, trust_remote_code)
+    tokenizer = load_tokenizer(base_path, trust_remote_code, template)
     if dtype == "auto":
         dtype = choose_dtype("auto", choose_device(device).value).value
     return build_launch(python, base_path, base_id, adapters, tokenizer, host=host, port=port, api_key=api_key,

@@ -28,6 +28,7 @@ class Setup:
     packed: bool = False
     checkpointing: object = None  # roctune.memory.plan.Checkpointing: layers checkpointed, MLP tiles, offload
     tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
+    template: dict = field(default_factory=dict)  # {"name": a templates row or None (the model's own), "reason"}
 
 
 def choose(cfg, base_model: str) -> Setup:
@@ -57,7 +58,8 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     """Preflight, choices, process group, seeds and tokenizer. Returns (setup, dist, tokenizer); `say` is
     silenced on every rank but 0 by the caller's use of `dist.is_main`."""
     from roctune.hardware import preflight
-    from roctune.data.render import detect_tool_format
+    from roctune.data.preview import template_choice
+    from roctune.data.render import RenderOptions, detect_tool_format
     from roctune.models import load_tokenizer
 
     for finding in preflight(cfg.device).findings:  # raises with the fix when GPU training is impossible
@@ -78,8 +80,16 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    tokenizer = load_tokenizer(base_model, cfg.trust_remote_code)
+    # a run that continues an adapter (dpo after sft) renders as that adapter was taught
+    requested = cfg.template or (rundir.template_name(cfg.adapter) if cfg.adapter else None)
+    tokenizer = load_tokenizer(base_model, cfg.trust_remote_code, requested)
+    shown = template_choice(tokenizer, RenderOptions.from_config(cfg))
+    setup.template = {"name": shown["name"], "reason": shown["reason"]}
     setup.tool_format = detect_tool_format(tokenizer)
+    if dist.is_main:
+        say(f"chat template: {shown['name'] or 'own'} ({shown['reason']})")
+        if shown["reasoning"]:
+            say(f"reasoning: {shown['reasoning']}")
     return setup, dist, tokenizer
 
 
@@ -194,6 +204,7 @@ def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: in
                      "packed": setup.packed, "reasons": setup.reasons, "processes": world_size,
                      "checkpointing": setup.checkpointing.value if setup.checkpointing else "off"},
         "tool_format": setup.tool_format,
+        "template": setup.template,
         "data": {"train_examples": n_train, "eval_examples": n_eval, "total_steps": total_steps},
     })
 

