@@ -26,28 +26,15 @@ from hashlib import sha256
 import numpy as np
 
 from roctune.errors import ConfigError, EnvironmentProblem
+# llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its converter
+# finds the name by hashing the token ids of a fixed check text (the table: pre_tokenizers.py)
+from roctune.export.pre_tokenizers import CHECK_TEXT, PRE_TOKENIZERS
 from roctune.progress import counted
 
 log = logging.getLogger(__name__)
 
 QUANTS = ("f16", "bf16", "q8_0")  # written here
 KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")  # llama.cpp's quantizer
-
-# llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its
-# converter finds the name by hashing the token ids of a fixed check text. Same text and hashes as llama.cpp's
-# convert_hf_to_gguf.py, for the BPE tokenizers of Llama-family models; another tokenizer is refused rather
-# than given a wrong pre-tokenizer (llama.cpp would then tokenize differently from training, silently).
-CHECK_TEXT = ("\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ "
-              "🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
-              "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
-              "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL")
-PRE_TOKENIZERS = {
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # SmolLM, SmolLM2
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3, 3.1, 3.2
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",      # Qwen1.5 to Qwen3
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen3-Embedding
-    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",     # Mistral Nemo
-}
 
 
 def check_quant(quant: str) -> None:
@@ -128,9 +115,9 @@ def pre_tokenizer(tokenizer, where: str, search=()) -> str:
         spm_vocab.read_proto(model_file)
         return "default"
     raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) has no SentencePiece "
-                      "tokenizer.model and is not a byte-level BPE whose llama.cpp pre-tokenizer roctune knows "
-                      f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); use llama.cpp's convert_hf_to_gguf.py "
-                      "on a `roctune merge` output")
+                      "tokenizer.model, no SentencePiece-style tokenizer.json and is not a byte-level BPE "
+                      f"tokenizer llama.cpp knows ({len(set(PRE_TOKENIZERS.values()))} pre-tokenizers of llama.cpp's "
+                      "converter); llama.cpp cannot tokenize it as training did, so no GGUF can be made from it")
 
 
 def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None,

@@ -187,17 +187,20 @@ class Model:
     """A GGUF loaded by llama.cpp on the CPU, run token by token from the token ids given (so the comparison
     with transformers does not depend on two tokenizers)."""
 
-    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None, repack: bool = True):
+    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None, repack: bool = True,
+                 vocab_only: bool = False):
         """`lora`: a LoRA GGUF applied (scale 1) to the model, as `llama-server --lora` does. `repack`: llama.cpp's
         default, quantized weights repacked for the processor's wide kernels (its "extra buffer types": AMX on
         Xeons that have it, interleaved blocks for AVX2/AVX-512); False keeps them as stored and runs the plain
-        per-block dot products (`llama-cli --no-repack`), so both CPU paths can be checked on one machine."""
+        per-block dot products (`llama-cli --no-repack`), so both CPU paths can be checked on one machine.
+        `vocab_only`: the tokenizer alone (no tensors needed), as `llama-tokenize` loads it."""
         from roctune.errors import RoctuneError
 
         self.ffi, self.lib = binding()
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only
         self.model = self.lib.llama_model_load_from_file(path.encode(), params)
         if self.model == self.ffi.NULL:
             raise RoctuneError(f"llama.cpp cannot load {os.path.basename(path)}; not saved")
