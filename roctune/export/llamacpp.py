@@ -170,12 +170,17 @@ FTYPES = {q: "LLAMA_FTYPE_MOSTLY_" + q.upper() for q in
           ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")}
 
 
-def quantize(src: str, dst: str, quant: str) -> None:
+def quantize(src: str, dst: str, quant: str, embedding_type: str | None = None, output_type: str | None = None) -> None:
     """llama.cpp's own `llama-quantize` on an f16 GGUF: its per-tensor mixture for q4_k_m/q5_k_m (attn_v and
-    ffn_down kept at higher precision in part of the layers, and so on), not a re-implementation of it."""
+    ffn_down kept at higher precision in part of the layers, and so on), not a re-implementation of it; the token
+    embedding and output layer at the types given (its --token-embedding-type / --output-tensor-type)."""
     ffi, lib = binding()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
     params.ftype = getattr(lib, FTYPES[quant])
+    if embedding_type:
+        params.token_embedding_type = getattr(lib, f"GGML_TYPE_{embedding_type.upper()}")
+    if output_type:
+        params.output_tensor_type = getattr(lib, f"GGML_TYPE_{output_type.upper()}")
     params.nthread = threads()
     rc = lib.llama_model_quantize(src.encode(), dst.encode(), params)
     if rc != 0:
