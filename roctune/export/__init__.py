@@ -33,7 +33,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     from roctune.export import deploy, gguf_file
     from roctune.export import verify as check
     from roctune.merge import check_output
-    from roctune.models import load_tokenizer, resolve_model
+    from roctune.models import gguf_source, load_tokenizer, resolve_model
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: unknown; choose one of {', '.join(FORMATS)}")
@@ -92,6 +92,10 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     rundir.write_dir_atomically(output, fill)
     log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
         f"in {report['seconds']:.0f} s")
+    source = None if full else gguf_source(base)
+    if source:
+        log(f"the base model came from {source}: `roctune export --adapter {adapter} --format lora-gguf` puts this "
+            "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization")
     return report
 
 
@@ -103,13 +107,19 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
     from roctune.export import verify as check
     from roctune.export.lora_gguf import write_lora_gguf
 
+    from roctune.models import gguf_source
+
     path = os.path.join(tmp, report["gguf"])
     report.update(write_lora_gguf(adapter, base, path, name, family))
     system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
     text, report["modelfile_template"] = _modelfile(report["gguf"], tok, system, log)
-    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, report["gguf"], base))
+    source = gguf_source(base)  # the base was converted from this GGUF file: the adapter goes back onto it
+    if source:
+        report["base_gguf"] = source
+    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"),
+                             deploy.adapter_modelfile(text, report["gguf"], base, source))
     rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"),
-                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base))
+                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base, source))
     if verify and llamacpp.available():
         merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
         report["merge_max_logit_diff"] = _merge(adapter, merged, log)
