@@ -174,7 +174,7 @@ def spm_model(tokenizer, model_dir: str, search=()) -> str | None:
 def pre_tokenizer(tokenizer, where: str, search=()) -> str:
     """For a byte-level BPE tokenizer llama.cpp knows, its pre-tokenizer name (from the hash of the check text's
     token ids); else "default" for a SentencePiece vocabulary (its tokenizer.model checked readable and BPE here,
-    before any weights load). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
+    before any weights load, or a SentencePiece-style BPE in tokenizer.json). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
     tiktoken file under that name)."""
     from roctune.export import spm_vocab
 
@@ -187,6 +187,8 @@ def pre_tokenizer(tokenizer, where: str, search=()) -> str:
     model_file = spm_model(tokenizer, where, search)
     if model_file:
         spm_vocab.read_proto(model_file)
+        return "default"
+    if spm_vocab.json_pieces(tokenizer) is not None:  # a SentencePiece BPE kept as tokenizer.json only
         return "default"
     raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) has no SentencePiece "
                       "tokenizer.model, no SentencePiece-style tokenizer.json and is not a byte-level BPE "
@@ -280,12 +282,12 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, mode
 
     from roctune.export import spm_vocab
 
-    if model_file:
+    if pre == "default":  # SentencePiece: its tokenizer.model, else its pieces in tokenizer.json
         spm_vocab.write(w, tokenizer, model_file, vocab_size)
     else:
         _bpe_vocab(w, tokenizer, vocab_size, pre)
     vocab = tokenizer.get_vocab()
-    special = gguf.SpecialVocab(model_dir, load_merges=not model_file, n_vocab=vocab_size)
+    special = gguf.SpecialVocab(model_dir, load_merges=pre != "default", n_vocab=vocab_size)
     special.chat_template = tokenizer.chat_template
     first = tokenizer("a")["input_ids"][:1]
     special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
