@@ -36,8 +36,10 @@ def _gguf_path() -> str:
 
 
 def default_model_dir() -> str:
-    """The bundled model as a normal safetensors directory, converted from GGUF on first use."""
-    return _converted(_gguf_path(), os.path.join(roctune_home(), "models", DEFAULT_MODEL), DEFAULT_MODEL)
+    """The bundled model as a normal safetensors directory, converted from GGUF on first use (once converted, the
+    package is not needed)."""
+    target = os.path.join(roctune_home(), "models", DEFAULT_MODEL)
+    return target if _complete(target) else _converted(_gguf_path(), target, DEFAULT_MODEL)
 
 
 # Written into a folder converted from a GGUF file: where it came from, so that export can offer the LoRA GGUF as
@@ -69,9 +71,13 @@ def gguf_source(model_dir: str | None) -> str | None:
         return None
 
 
+def _complete(target: str) -> bool:
+    return os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors"))
+
+
 def _converted(gguf: str, target: str, name: str) -> str:
     """`gguf` converted into the safetensors folder `target` (once; an existing complete folder is reused)."""
-    if os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors")):
+    if _complete(target):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
     import json
