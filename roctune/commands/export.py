@@ -15,6 +15,11 @@ def register(sub) -> None:
     p.add_argument("--quant", metavar="TYPE",
                    help="f16, bf16, q8_0 (default; written by roctune); q4_k_m, q5_k_m, q6_k, ... (llama.cpp's "
                         "quantizer: pip install 'roctune[gguf]'); --format gguf only")
+    p.add_argument("--embedding-type", default="auto", metavar="TYPE",
+                   help="token embedding type in a llama.cpp quant: auto (q8_0 when the vocabulary is a large share "
+                        "of the weights, else llama.cpp's choice), q8_0, q6_k, f16 or default (llama.cpp's choice)")
+    p.add_argument("--output-type", default="auto", metavar="TYPE",
+                   help="output layer type in a llama.cpp quant, as --embedding-type")
     p.add_argument("--name", metavar="NAME", help="model name for Ollama and the file (default: the run's folder)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip running the GGUF in llama.cpp (or reading it back) and comparing it")
@@ -30,5 +35,6 @@ def run(args) -> int:
         raise ConfigError(f"--quant {args.quant}: a LoRA GGUF is written in f32 (llama.cpp applies it to a base GGUF "
                           f"of any type); drop --quant, or export the merged model: --format gguf --quant {args.quant}")
     export(args.adapter, args.output, quant=args.quant or "q8_0", name=args.name, fmt=args.format,
-           verify=not args.no_verify, overwrite=args.overwrite)
+           verify=not args.no_verify, overwrite=args.overwrite, embedding_type=args.embedding_type,
+           output_type=args.output_type)
     return 0

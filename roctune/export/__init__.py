@@ -25,16 +25,20 @@ FORMATS = ("gguf", "lora-gguf")
 
 
 def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = None, fmt: str = "gguf",
-           verify: bool = True, overwrite: bool = False, log=print) -> dict:
-    """Export the run `adapter` into the folder `output`; returns the report also saved as roctune_export.json."""
+           verify: bool = True, overwrite: bool = False, log=print, embedding_type: str = "auto",
+           output_type: str = "auto") -> dict:
+    """Export the run `adapter` into the folder `output`; returns the report also saved as roctune_export.json.
+    `embedding_type`/`output_type`: the token embedding's and output layer's type in a llama.cpp quant
+    (gguf_file.TENSOR_TYPES; "auto" by the vocabulary's share of the weights)."""
     from roctune.export import deploy, gguf_file
     from roctune.export import verify as check
     from roctune.merge import check_output
-    from roctune.models import load_tokenizer, resolve_model
+    from roctune.models import gguf_source, load_tokenizer, resolve_model
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: unknown; choose one of {', '.join(FORMATS)}")
     gguf_file.check_quant(quant)
+    gguf_file.check_tensor_types(quant if fmt == "gguf" else "f16", embedding_type, output_type)
     if not os.path.isdir(adapter):
         raise ConfigError(f"--adapter {adapter}: no such directory")
     check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
@@ -58,12 +62,16 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
             f"{output} in {report['seconds']:.0f} s; it needs the base model's GGUF beside it")
         return report
     report["quant"] = quant
+    plan = gguf_file.tensor_plan(adapter if full else base, quant, embedding_type, output_type)
+    if plan:
+        report["tensor_plan"] = plan
+        log(f"token embedding {plan['embedding_type']}, output layer {plan['output_type']} ({plan['reason']})")
 
     def fill(tmp: str) -> None:
         merged = adapter if full else os.path.join(tmp, ".merged")
         if not full:
             report["merge_max_logit_diff"] = _merge(adapter, merged, log)
-        report.update(_write(merged, tmp, gguf_name, quant, name, tok, log, (base,)))
+        report.update(_write(merged, tmp, gguf_name, quant, name, tok, log, (base,), plan))
         system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
         text, report["modelfile_template"] = _modelfile(gguf_name, tok, system, log)
         rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), text)
@@ -72,7 +80,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
             output, gguf_name, name, adapter, rundir.base_model(adapter) or base, rank, full))
         if verify:
             report["check"] = check.verify(merged, tmp, gguf_name, quant, check.check_conversations(adapter), log,
-                                           tokenizer=tok)
+                                           tokenizer=tok, hint=gguf_file.next_options(quant, plan))
             log(check.summary(report["check"]))
         else:
             log("fidelity check skipped (--no-verify)")
@@ -84,6 +92,10 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     rundir.write_dir_atomically(output, fill)
     log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
         f"in {report['seconds']:.0f} s")
+    source = None if full else gguf_source(base)
+    if source:
+        log(f"the base model came from {source}: `roctune export --adapter {adapter} --format lora-gguf` puts this "
+            "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization")
     return report
 
 
@@ -95,13 +107,19 @@ def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify
     from roctune.export import verify as check
     from roctune.export.lora_gguf import write_lora_gguf
 
+    from roctune.models import gguf_source
+
     path = os.path.join(tmp, report["gguf"])
     report.update(write_lora_gguf(adapter, base, path, name, family))
     system = rundir.read_run(adapter)["config"].get("system") if rundir.is_run_dir(adapter) else None
     text, report["modelfile_template"] = _modelfile(report["gguf"], tok, system, log)
-    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, report["gguf"], base))
+    source = gguf_source(base)  # the base was converted from this GGUF file: the adapter goes back onto it
+    if source:
+        report["base_gguf"] = source
+    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"),
+                             deploy.adapter_modelfile(text, report["gguf"], base, source))
     rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"),
-                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base))
+                             deploy.lora_deploy_md(report["gguf"], name, rundir.base_model(adapter) or base, source))
     if verify and llamacpp.available():
         merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
         report["merge_max_logit_diff"] = _merge(adapter, merged, log)
@@ -160,7 +178,8 @@ def _merge(adapter: str, merged: str, log) -> float:
     return merge(adapter, merged, dtype="fp32", log=log)["max_logit_diff"]
 
 
-def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok, log, search=()) -> dict:
+def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok, log, search=(),
+           plan: dict | None = None) -> dict:
     from roctune.export import gguf_file
 
     path = os.path.join(tmp, gguf_name)
@@ -168,9 +187,10 @@ def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok,
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
         facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log, search)
-        gguf_file.kquantize(f16, path, quant)
+        gguf_file.kquantize(f16, path, quant, plan)
         os.unlink(f16)
         facts["bytes"] = os.path.getsize(path)
+        facts["vocab_tensor_types"] = gguf_file.vocab_tensor_types(path)
     else:
         facts = gguf_file.write_gguf(model_dir, path, quant, name, tok, log, search)
     facts["write_seconds"] = round(time.monotonic() - t, 1)

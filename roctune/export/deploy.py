@@ -113,15 +113,25 @@ def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def adapter_modelfile(text: str, lora_name: str, base: str) -> str:
-    """A Modelfile for a LoRA GGUF: FROM the base model's GGUF (its path to fill in), ADAPTER this file."""
+def adapter_modelfile(text: str, lora_name: str, base: str, base_gguf: str | None = None) -> str:
+    """A Modelfile for a LoRA GGUF: FROM the base model's GGUF (the file the base was converted from, else its path
+    to fill in), ADAPTER this file."""
     body = text.split("\n", 1)[1]
+    if base_gguf:
+        return f"# FROM: the GGUF file the base model was converted from\nFROM {base_gguf}\nADAPTER ./{lora_name}\n{body}"
     return (f"# FROM: the GGUF of the base model ({base}), unquantized or q8_0, e.g. written by\n"
             f"#   roctune export --adapter {base} --quant q8_0 --output base-gguf\n"
             f"FROM ./base-gguf/base-q8_0.gguf\nADAPTER ./{lora_name}\n{body}")
 
 
-def lora_deploy_md(lora_name: str, name: str, base: str) -> str:
+def lora_deploy_md(lora_name: str, name: str, base: str, base_gguf: str | None = None) -> str:
+    if base_gguf:  # trained from a GGUF file (--model FILE.gguf): the adapter goes back onto that same file
+        return "\n".join([
+            f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter "
+            f"alone (see roctune_export.json for its check in llama.cpp), for the GGUF file the base model was "
+            f"converted from ({base_gguf}), keeping that file's own quantization.\n",
+            "## llama.cpp\n", f"```\nllama-server -m {base_gguf} --lora {lora_name} --jinja --port 8080\n```",
+            "## Ollama\n", f"```\nollama create {name} -f Modelfile\nollama run {name}\n```\n"])
     return "\n".join([
         f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter alone "
         "(see roctune_export.json for its check in llama.cpp). It needs a GGUF of the base model it was trained "

@@ -26,28 +26,27 @@ from hashlib import sha256
 import numpy as np
 
 from roctune.errors import ConfigError, EnvironmentProblem
+# llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its converter
+# finds the name by hashing the token ids of a fixed check text (the table: pre_tokenizers.py)
+from roctune.export.pre_tokenizers import CHECK_TEXT, PRE_TOKENIZERS
 from roctune.progress import counted
 
 log = logging.getLogger(__name__)
 
 QUANTS = ("f16", "bf16", "q8_0")  # written here
 KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")  # llama.cpp's quantizer
-
-# llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its
-# converter finds the name by hashing the token ids of a fixed check text. Same text and hashes as llama.cpp's
-# convert_hf_to_gguf.py, for the BPE tokenizers of Llama-family models; another tokenizer is refused rather
-# than given a wrong pre-tokenizer (llama.cpp would then tokenize differently from training, silently).
-CHECK_TEXT = ("\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ "
-              "🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ "
-              "------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, "
-              "'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL")
-PRE_TOKENIZERS = {
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # SmolLM, SmolLM2
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Llama 3, 3.1, 3.2
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",      # Qwen1.5 to Qwen3
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen3-Embedding
-    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",     # Mistral Nemo
-}
+# Types llama.cpp's quantizer can give the token embedding and the output layer apart from the rest of a K-quant
+# (llama_model_quantize_params.token_embedding_type / output_tensor_type, llama-quantize's --token-embedding-type
+# and --output-tensor-type); "auto" picks by the vocabulary's share of the weights (tensor_plan).
+TENSOR_TYPES = ("auto", "q8_0", "q6_k", "f16", "default")
+# Above this share of the parameters in the embedding and output matrices, a K-quant keeps them at q8_0. Why: every
+# token's logits come from the output matrix and every input from an embedding row, so their rounding reaches every
+# position directly, while a layer's rounding is averaged over the hidden size; when they are most of the file
+# (Gemma 3 270M: a 262,144 x 640 embedding, 63% of the parameters) a 4-bit K-quant is mostly a 4-bit vocabulary
+# (issue 41: q4_k_m refused, answers 2/5 equal), and 8 bits for it is what keeps the quant usable. Below the share
+# (SmolLM2-135M: 21%, Llama 3 8B: 13%) llama.cpp's own mixture already gives the output layer q6_k, and 8 bits
+# would only make the file bigger.
+BIG_VOCAB_SHARE = 0.3
 
 
 def check_quant(quant: str) -> None:
@@ -60,6 +59,68 @@ def check_quant(quant: str) -> None:
         return
     raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(QUANTS)} (written by roctune) or "
                       f"{', '.join(KQUANTS)} (llama.cpp's quantizer: pip install 'roctune[gguf]')")
+
+
+def check_tensor_types(quant: str, embedding_type: str, output_type: str) -> None:
+    """--embedding-type/--output-type: a known type, and only for a quant made by llama.cpp's quantizer."""
+    for flag, value in (("--embedding-type", embedding_type), ("--output-type", output_type)):
+        if value not in TENSOR_TYPES:
+            raise ConfigError(f"{flag} {value}: unknown; choose one of {', '.join(TENSOR_TYPES)}")
+        if value not in ("auto", "default") and quant not in KQUANTS:
+            raise ConfigError(f"{flag} {value}: only for a quant made by llama.cpp's quantizer ({', '.join(KQUANTS)})"
+                              f"; --quant {quant} is written by roctune with one type for every matrix")
+
+
+def vocab_share(model_dir: str) -> float:
+    """The share of the parameters in the token embedding and (untied) output matrices, from the safetensors
+    headers (nothing is loaded)."""
+    from safetensors import safe_open
+
+    total = vocab = 0
+    for f in sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors")):
+        with safe_open(os.path.join(model_dir, f), framework="np") as st:
+            for key in st.keys():
+                n = int(np.prod(st.get_slice(key).get_shape()))
+                total += n
+                vocab += n if key.endswith(("embed_tokens.weight", "lm_head.weight")) else 0
+    return vocab / total if total else 0.0
+
+
+def tensor_plan(model_dir: str, quant: str, embedding_type: str = "auto", output_type: str = "auto") -> dict:
+    """The types of the token embedding and output layer for a llama.cpp quant, with the reason: "default" leaves
+    them to llama.cpp's mixture; "auto" is q8_0 when they hold more than BIG_VOCAB_SHARE of the parameters."""
+    if quant not in KQUANTS:
+        return {}
+    share = vocab_share(model_dir)
+    big = share > BIG_VOCAB_SHARE and quant != "q8_0"
+    pick = lambda t: ("q8_0" if big else "default") if t == "auto" else t  # noqa: E731
+    plan = {"vocab_share": round(share, 3), "embedding_type": pick(embedding_type), "output_type": pick(output_type)}
+    why = (f"the embedding and output are {100 * share:.0f}% of the parameters (> {100 * BIG_VOCAB_SHARE:.0f}%)"
+           if big else f"the embedding and output are {100 * share:.0f}% of the parameters")
+    plan["reason"] = why
+    return plan
+
+
+def vocab_tensor_types(path: str) -> dict:
+    """{tensor: type} of the token embedding and output layer as written in the GGUF (what the quantizer chose)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {t.name: t.tensor_type.name.lower() for t in reader.tensors
+            if t.name in ("token_embd.weight", "output.weight")}
+
+
+def next_options(quant: str, plan: dict) -> str:
+    """What to try when a quant fails the fidelity check, most specific first."""
+    tries = []
+    if quant in KQUANTS and plan.get("embedding_type") not in ("q8_0", "f16"):
+        tries.append(f"--quant {quant} --embedding-type q8_0 --output-type q8_0")
+    if quant in KQUANTS and quant != "q6_k":
+        tries.append("--quant q6_k")
+    if quant != "q8_0" and quant not in ("f16", "bf16"):
+        tries.append("--quant q8_0")
+    tries.append("--format lora-gguf, applied by llama.cpp to the original base GGUF (an upstream quant)")
+    return "try " + ", or ".join(tries)
 
 
 def kquant_problem() -> str | None:
@@ -113,7 +174,7 @@ def spm_model(tokenizer, model_dir: str, search=()) -> str | None:
 def pre_tokenizer(tokenizer, where: str, search=()) -> str:
     """For a byte-level BPE tokenizer llama.cpp knows, its pre-tokenizer name (from the hash of the check text's
     token ids); else "default" for a SentencePiece vocabulary (its tokenizer.model checked readable and BPE here,
-    before any weights load). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
+    before any weights load, or a SentencePiece-style BPE in tokenizer.json). A known BPE tokenizer wins over a stray tokenizer.model (some folders ship a
     tiktoken file under that name)."""
     from roctune.export import spm_vocab
 
@@ -127,10 +188,12 @@ def pre_tokenizer(tokenizer, where: str, search=()) -> str:
     if model_file:
         spm_vocab.read_proto(model_file)
         return "default"
+    if spm_vocab.json_pieces(tokenizer) is not None:  # a SentencePiece BPE kept as tokenizer.json only
+        return "default"
     raise ConfigError(f"{where}: tokenizer ({model_type or 'slow'}, check hash {digest[:12]}) has no SentencePiece "
-                      "tokenizer.model and is not a byte-level BPE whose llama.cpp pre-tokenizer roctune knows "
-                      f"({', '.join(sorted(set(PRE_TOKENIZERS.values())))}); use llama.cpp's convert_hf_to_gguf.py "
-                      "on a `roctune merge` output")
+                      "tokenizer.model, no SentencePiece-style tokenizer.json and is not a byte-level BPE "
+                      f"tokenizer llama.cpp knows ({len(set(PRE_TOKENIZERS.values()))} pre-tokenizers of llama.cpp's "
+                      "converter); llama.cpp cannot tokenize it as training did, so no GGUF can be made from it")
 
 
 def write_gguf(model_dir: str, path: str, quant: str, name: str, tokenizer, log=lambda *_: None,
@@ -219,12 +282,12 @@ def _vocab(w, tokenizer, model_dir: str, vocab_size: int, pre: str, family, mode
 
     from roctune.export import spm_vocab
 
-    if model_file:
+    if pre == "default":  # SentencePiece: its tokenizer.model, else its pieces in tokenizer.json
         spm_vocab.write(w, tokenizer, model_file, vocab_size)
     else:
         _bpe_vocab(w, tokenizer, vocab_size, pre)
     vocab = tokenizer.get_vocab()
-    special = _special_vocab(model_dir, not model_file, vocab_size)
+    special = _special_vocab(model_dir, pre != "default", vocab_size)
     special.chat_template = tokenizer.chat_template
     first = tokenizer("a")["input_ids"][:1]
     special.add_special_token["bos"] = bool(tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id])
@@ -369,14 +432,17 @@ def _encode(data, quant: str):
     return gguf.quants.quantize(data, qtype), qtype
 
 
-def kquantize(src: str, dst: str, quant: str) -> None:
-    """Quantize an f16 GGUF with llama.cpp's own quantizer: llama-cpp-py-sync's binding, else llama-cpp-python's."""
+def kquantize(src: str, dst: str, quant: str, plan: dict | None = None) -> None:
+    """Quantize an f16 GGUF with llama.cpp's own quantizer: llama-cpp-py-sync's binding, else llama-cpp-python's;
+    `plan` (tensor_plan): the types of the token embedding and output layer."""
     import ctypes
 
     from roctune.export import llamacpp
 
+    plan = plan or {}
+    types = {k: plan.get(k) for k in ("embedding_type", "output_type") if plan.get(k) not in (None, "default")}
     if llamacpp.available():
-        return llamacpp.quantize(src, dst, quant)
+        return llamacpp.quantize(src, dst, quant, **types)
     import llama_cpp
 
     ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
@@ -384,6 +450,10 @@ def kquantize(src: str, dst: str, quant: str) -> None:
         raise EnvironmentProblem(f"--quant {quant}: this llama-cpp-python has no {quant}; upgrade it")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
+    if "embedding_type" in types:
+        params.token_embedding_type = getattr(llama_cpp, f"GGML_TYPE_{types['embedding_type'].upper()}")
+    if "output_type" in types:
+        params.output_tensor_type = getattr(llama_cpp, f"GGML_TYPE_{types['output_type'].upper()}")
     rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
     if rc != 0:
         raise EnvironmentProblem(f"llama.cpp's quantizer failed on {src} (code {rc})")

@@ -170,12 +170,17 @@ FTYPES = {q: "LLAMA_FTYPE_MOSTLY_" + q.upper() for q in
           ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")}
 
 
-def quantize(src: str, dst: str, quant: str) -> None:
+def quantize(src: str, dst: str, quant: str, embedding_type: str | None = None, output_type: str | None = None) -> None:
     """llama.cpp's own `llama-quantize` on an f16 GGUF: its per-tensor mixture for q4_k_m/q5_k_m (attn_v and
-    ffn_down kept at higher precision in part of the layers, and so on), not a re-implementation of it."""
+    ffn_down kept at higher precision in part of the layers, and so on), not a re-implementation of it; the token
+    embedding and output layer at the types given (its --token-embedding-type / --output-tensor-type)."""
     ffi, lib = binding()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
     params.ftype = getattr(lib, FTYPES[quant])
+    if embedding_type:
+        params.token_embedding_type = getattr(lib, f"GGML_TYPE_{embedding_type.upper()}")
+    if output_type:
+        params.output_tensor_type = getattr(lib, f"GGML_TYPE_{output_type.upper()}")
     params.nthread = threads()
     rc = lib.llama_model_quantize(src.encode(), dst.encode(), params)
     if rc != 0:
@@ -187,17 +192,20 @@ class Model:
     """A GGUF loaded by llama.cpp on the CPU, run token by token from the token ids given (so the comparison
     with transformers does not depend on two tokenizers)."""
 
-    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None, repack: bool = True):
+    def __init__(self, path: str, n_ctx: int = 0, lora: str | None = None, repack: bool = True,
+                 vocab_only: bool = False):
         """`lora`: a LoRA GGUF applied (scale 1) to the model, as `llama-server --lora` does. `repack`: llama.cpp's
         default, quantized weights repacked for the processor's wide kernels (its "extra buffer types": AMX on
         Xeons that have it, interleaved blocks for AVX2/AVX-512); False keeps them as stored and runs the plain
-        per-block dot products (`llama-cli --no-repack`), so both CPU paths can be checked on one machine."""
+        per-block dot products (`llama-cli --no-repack`), so both CPU paths can be checked on one machine.
+        `vocab_only`: the tokenizer alone (no tensors needed), as `llama-tokenize` loads it."""
         from roctune.errors import RoctuneError
 
         self.ffi, self.lib = binding()
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only
         self.model = self.lib.llama_model_load_from_file(path.encode(), params)
         if self.model == self.ffi.NULL:
             raise RoctuneError(f"llama.cpp cannot load {os.path.basename(path)}; not saved")

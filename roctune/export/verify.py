@@ -87,11 +87,12 @@ def _find_data(spec: str, run: str) -> str:
 
 
 def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, conversations: list[list[dict]],
-           log=lambda *_: None, lora: str | None = None, tokenizer=None) -> dict:
+           log=lambda *_: None, lora: str | None = None, tokenizer=None, hint: str = "") -> dict:
     """Compare the GGUF with the merged model, counting the conversations through `log` when it takes a while;
     raise when it is off, return the figures otherwise. The GGUF is run by llama.cpp itself when its library is
     installed (the consumer: its loader, tokenizer and kernels), else read back by transformers. `lora`: a LoRA
-    GGUF that llama.cpp applies to the GGUF (then the GGUF is the base and `merged_dir` the merged model)."""
+    GGUF that llama.cpp applies to the GGUF (then the GGUF is the base and `merged_dir` the merged model).
+    `hint`: the next option to try, added to the refusal."""
     from roctune.export import llamacpp
     from roctune.merge import CHECK_PROMPTS
 
@@ -107,7 +108,7 @@ def verify(merged_dir: str, gguf_dir: str, gguf_name: str, quant: str, conversat
               "prompts_from": "fixed prompts" if fixed else "the training data", "kl_limit": kl_limit(quant),
               **report}
     if not report["mean_kl"] <= report["kl_limit"]:  # written so that a NaN fails too
-        raise RoctuneError(failure_message(report, gguf_name, lora))
+        raise RoctuneError(failure_message(report, gguf_name, lora) + (f"; {hint}" if hint else ""))
     return report
 
 
