@@ -73,6 +73,10 @@ def files(tmp_path_factory, tiny_model_dir):
         (w / name).write_text(text)
     (w / "outdir").mkdir()
     _adapter(w / "ok_ad", tiny)
+    for name, entry in (("lfcols", {"columns": ["a", "b"]}), ("lftags", {"formatting": "sharegpt", "tags": ["x"]})):
+        (w / name).mkdir()  # a LLaMA-Factory data folder whose dataset_info.json gives lists for objects
+        (w / name / "d.jsonl").write_text(rows)
+        (w / name / "dataset_info.json").write_text(json.dumps({"ds": {"file_name": "d.jsonl", **entry}}))
     bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
     for name, value in (("by_list", "[a, b]"), ("by_int", "5"), ("by_bomb", "*a8")):
@@ -158,6 +162,8 @@ CASES = {
     ],
     "data": [
         ("preview-lone-surrogate", "data preview surrogate.jsonl", "surrogate.jsonl:1"),
+        ("dataset-info-columns-list", "data check lfcols:ds", "lfcols/dataset_info.json: dataset 'ds'"),
+        ("dataset-info-tags-list", "data check lftags:ds", "lftags/dataset_info.json: dataset 'ds'"),
         ("preview-model-not-a-model", "data preview d.jsonl --model /etc", "/etc"),
         ("preview-model-malformed-tokenizer", "data preview d.jsonl --model badtok", "badtok/tokenizer.json"),
     ],
