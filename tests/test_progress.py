@@ -87,7 +87,7 @@ def test_merge_counts_the_layers_it_merges(tiny_lora_run, tmp_path, every_line):
     assert counts(lines, "merging layer") == [(i, n_layers) for i in range(1, n_layers)], lines
 
 
-def test_export_counts_tensors_written_and_prompts_checked(tiny_model_dir, tmp_path, every_line):
+def test_export_counts_tensors_written_and_conversations_checked(tiny_model_dir, tmp_path, every_line):
     from roctune.export import export
 
     lines = []
@@ -95,8 +95,9 @@ def test_export_counts_tensors_written_and_prompts_checked(tiny_model_dir, tmp_p
     n = report["tensors"]
     assert n == 1 + 2 * 9 + 1  # embeddings, 2 layers of 7 matrices and 2 norms, the final norm (lm_head tied)
     assert counts(lines, "writing gguf tensor") == [(i, n) for i in range(1, n)], lines
-    prompts = report["check"]["prompts"]
-    assert counts(lines, "checking gguf prompt") == [(i, prompts) for i in range(1, prompts)], lines
+    texts = report["check"]["texts"]  # the fidelity check runs whole conversations, counted one by one
+    assert texts > 1
+    assert counts(lines, "checking gguf conversation") == [(i, texts) for i in range(1, texts)], lines
 
 
 def _bytes_lines(err: str, label: str) -> list[tuple[float, float]]:
