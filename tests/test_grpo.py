@@ -196,11 +196,11 @@ def test_reward_file_with_trl_convention_and_weights(tmp_path):
 
 
 @pytest.mark.parametrize("body, says", [
-    ("raise KeyError('answer')", "reward function 'bad' raised KeyError: 'answer'"),
-    ("return [float('nan')] * len(completions)", "reward function 'bad' returned nan for completion 0"),
-    ("return [1.0]", "reward function 'bad' returned 1 values for 2 completions"),
-    ("return 1.0", "reward function 'bad' returned float"),
-    ("return ['high', 1]", "reward function 'bad' returned 'high' for completion 0"),
+    ("raise KeyError('answer')", "raised KeyError: 'answer'"),
+    ("return [float('nan')] * len(completions)", "returned nan for completion 0; rewards must be finite"),
+    ("return [1.0]", "returned 1 values for 2 completions"),
+    ("return 1.0", "returned float; it must return a list of 2 numbers"),
+    ("return ['high', 1]", "returned str 'high' for completion 0"),
 ])
 def test_a_bad_reward_is_one_line_naming_it(tmp_path, body, says):
     from roctune.errors import RewardError
@@ -210,7 +210,8 @@ def test_a_bad_reward_is_one_line_naming_it(tmp_path, body, says):
     f.write_text(f"def bad(completions, **kw):\n    {body}\n")
     with pytest.raises(RewardError) as e:
         rw.score(rw.load_reward_file(str(f)), ["p", "q"], ["a", "b"], [[1], [2]], {})
-    assert says in str(e.value) and "\n" not in str(e.value)
+    # the function and its file are named, then what it did
+    assert str(e.value).startswith(f"reward function 'bad' ({f}) {says}") and "\n" not in str(e.value)
 
 
 def test_reward_file_only_from_the_command_line(tmp_path):
@@ -348,7 +349,7 @@ def test_a_reward_that_fails_in_training_names_it(tiny_model_dir, tmp_path):
     (tmp_path / "rw.py").write_text("def short_vowels(completions, **kw):\n"
                                     "    return [float('nan')] * len(completions)\n")
     cfg.reward_file = [str(tmp_path / "rw.py")]
-    with pytest.raises(RewardError, match="reward function 'short_vowels' returned nan"):
+    with pytest.raises(RewardError, match=r"reward function 'short_vowels' \(.*rw\.py\) returned nan"):
         run_train(cfg)
     bad = grpo_cfg(tmp_path, tiny_model_dir, out="never")
     (tmp_path / "bad.py").write_text("import not_a_module_anywhere\n")
@@ -426,7 +427,7 @@ def test_eval_scores_base_and_tuned_by_the_rewards(tiny_model_dir, tmp_path, cap
     # a reward function returning the wrong count stops eval with one line naming it
     (tmp_path / "bad.py").write_text("def r(completions, **kw):\n    return [1]\n")
     assert main(["eval", "--adapter", cfg.output, "--data", held, "--reward-file", str(tmp_path / "bad.py")]) != 0
-    assert "reward function 'r' returned 1 values" in capsys.readouterr().err
+    assert "bad.py) returned 1 values for 8 completions" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("method, loss_type, level", [("freeze", "grpo", "sequence"), ("full", "bnpo", "token"),
