@@ -95,8 +95,10 @@ def test_data_check_reports_lengths_against_max_length(tokenizer, tmp_path, caps
 
 def test_train_form_has_the_long_sequence_settings(tmp_path):
     """The length, truncation, rope scaling and sequence-parallel settings are on the web UI's Train form (generated
-    from roctune.config) and reach the `roctune train` command line the page runs; multi-node settings are not."""
-    from roctune.config import to_flags
+    from roctune.config) and reach the settings file the page's `roctune train --config` reads; multi-node
+    settings are not."""
+    from roctune.config import from_sources
+    from roctune.webui.jobs import write_settings
     from roctune.webui.train_form import fill_config, form_specs
     from roctune.webui.workspace import Workspace
 
@@ -107,7 +109,8 @@ def test_train_form_has_the_long_sequence_settings(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
     cfg, _ = fill_config({"data": ["a.jsonl"], "output": "runs/x", "max_length": 4096, "truncation": "split",
                           "rope_scaling": "yarn:2", "nproc": 2, "sequence_parallel": 2}, Workspace(str(tmp_path)))
-    flags = to_flags(cfg)
-    for f in ("--max-length=4096", "--truncation=split", "--rope-scaling=yarn:2", "--nproc=2",
-              "--sequence-parallel=2"):
-        assert f in flags, flags
+    (tmp_path / "job").mkdir()
+    back = from_sources(write_settings(cfg, str(tmp_path / "job")), {})
+    got = {k: getattr(back, k) for k in ("max_length", "truncation", "rope_scaling", "nproc", "sequence_parallel")}
+    assert got == {"max_length": 4096, "truncation": "split", "rope_scaling": "yarn:2", "nproc": 2,
+                   "sequence_parallel": 2}, got
