@@ -120,6 +120,26 @@ def test_pt_resume_gives_the_uninterrupted_run(tiny_model_dir, tmp_path):
     assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(straight)], abs=1e-6)
 
 
+def test_eval_of_a_pt_run_gives_held_out_perplexity_equal_to_training_eval_loss(tiny_model_dir, tmp_path, capsys):
+    import math
+
+    train, held = tmp_path / "train.txt", tmp_path / "held.txt"
+    train.write_text(TEXT * 6, encoding="utf-8")
+    held.write_text(TEXT[::-1] * 2, encoding="utf-8")  # other text: the base and tuned losses differ
+    out = tmp_path / "run"
+    run(make_cfg(str(train), out, tiny_model_dir, eval_data=[str(held)]))
+    logged = metrics(out)[-1]["eval_loss"]
+    assert main(["eval", "--adapter", str(out), "--data", str(held), "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tuned"]["loss"] == pytest.approx(logged, abs=1e-4)
+    assert result["tuned"]["perplexity"] == pytest.approx(math.exp(result["tuned"]["loss"]), rel=1e-4)
+    assert result["base"]["loss"] != result["tuned"]["loss"] and result["n"] >= 1
+    # the answer-comparison report's options are refused in one line
+    assert main(["eval", "--adapter", str(out), "--data", str(held), "--tasks", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tasks" in err[0] and "--stage pt run" in err[0], err
+
+
 # ------------------------------------------------------------------------------------------- bad input
 def cli(args, capsys):
     code = main(["train", "--stage", "pt", "--device", "cpu", *args])
