@@ -379,7 +379,7 @@ class TrainConfig:
                          (not self.learn_reasoning, "--no-learn-reasoning"),
                          (self.empty_think != "learn", f"--empty-think {self.empty_think}")):
             if on:
-                raise ConfigError(f"{name} acts on chat-formatted answers; --stage pt learns raw text without a "
+                raise ConfigError(f"{name} acts on chat conversations; --stage pt learns raw text without a "
                                   f"chat template: drop {name.split()[0]}")
         if self.truncation != "right":
             raise ConfigError(f"--truncation {self.truncation}: --stage pt cuts the text into --max-length blocks "
