@@ -99,6 +99,15 @@ def test_pt_trains_two_steps_learning_every_token(tiny_model_dir, tmp_path, kind
     assert "stage: pt" in run_yaml
 
 
+@pytest.mark.parametrize("method", ["freeze", "full"])
+def test_pt_trains_whole_layers_too(tiny_model_dir, tmp_path, method):
+    data = tmp_path / "corpus.txt"
+    data.write_text(TEXT * 4, encoding="utf-8")
+    out = tmp_path / "run"
+    summary, _ = run(make_cfg(str(data), out, tiny_model_dir, method=method, max_steps=1, lr=1e-3))
+    assert summary["steps"] == 1 and os.path.isfile(out / "model.safetensors")
+
+
 def test_pt_resume_gives_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """--save-steps 2 then --resume: the same losses as one uninterrupted run (SFT's checkpoints, reused)."""
     import shutil
