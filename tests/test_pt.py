@@ -186,3 +186,11 @@ def test_chat_settings_are_refused_for_pt(tmp_path, kw, named):
         cfg.validate()
     assert str(e.value).startswith(named) and "--stage pt" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_web_ui_form_offers_pt_with_its_labels():
+    from roctune.webui.train_form import form_specs
+
+    stage = next(s for s in form_specs() if s["name"] == "stage")
+    assert "pt" in stage["choices"]
+    assert "pt (continued pretraining" in stage["help"] and "pt（继续预训练" in stage["help_zh"]
