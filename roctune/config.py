@@ -22,7 +22,7 @@ from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
-STAGES = ("sft", "dpo", "grpo")
+STAGES = ("sft", "pt", "dpo", "grpo")  # roctune.recipes: one recipe each
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
@@ -92,10 +92,11 @@ class TrainConfig:
     method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
                           "last N layers; full: every parameter", choices=METHODS, group="model",
                 zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
-    stage: str = setting("sft", "sft (supervised answers), dpo (preference pairs: prompt/chosen/rejected, or "
-                         "LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)", choices=STAGES,
-                         group="model",
-                zh=("训练阶段", "sft（监督学习回答）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
+    stage: str = setting("sft", "sft (supervised answers), pt (continued pretraining on raw text: .txt files or a "
+                         "'text' column, packed into --max-length blocks), dpo (preference pairs: "
+                         "prompt/chosen/rejected, or LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)",
+                         choices=STAGES, group="model",
+                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
@@ -346,6 +347,7 @@ class TrainConfig:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
         self.check_grpo()
+        self._check_pt()
         self._check_long()
 
     def _check_long(self) -> None:
@@ -368,6 +370,20 @@ class TrainConfig:
                               (self.packing == "on", "--packing on", "use --packing off or auto")):
             if on:
                 raise ConfigError(f"--sequence-parallel does not support {what} yet; {fix}")
+
+    def _check_pt(self) -> None:
+        """--stage pt learns raw text: the chat template and the settings of answers have nothing to act on."""
+        if self.stage != "pt":
+            return
+        for on, name in ((self.template is not None, f"--template {self.template}"),
+                         (not self.learn_reasoning, "--no-learn-reasoning"),
+                         (self.empty_think != "learn", f"--empty-think {self.empty_think}")):
+            if on:
+                raise ConfigError(f"{name} acts on chat conversations; --stage pt learns raw text without a "
+                                  f"chat template: drop {name.split()[0]}")
+        if self.truncation != "right":
+            raise ConfigError(f"--truncation {self.truncation}: --stage pt cuts the text into --max-length blocks "
+                              "itself (nothing is truncated); drop --truncation")
 
     def check_grpo(self) -> None:
         import re

@@ -2,7 +2,8 @@
 the same records: teacher-forced loss and perplexity (as training computes them), BLEU-4, ROUGE-1/2/L and exact
 match of greedy answers against the reference answers; a report (HTML, Markdown, predictions JSONL) in --output
 (default RUN/eval); --tasks runs lm-evaluation-harness benchmarks too. With --reward/--reward-file (a GRPO run):
---data holds prompts, and both models' greedy completions are scored by those rewards instead."""
+--data holds prompts, and both models' greedy completions are scored by those rewards instead. On a --stage pt run,
+--data is held-out raw text, and eval prints its loss and perplexity under both models."""
 from __future__ import annotations
 
 import json
@@ -67,6 +68,30 @@ def run_rewards(args) -> int:
     return 0
 
 
+def run_text(args) -> int:
+    """A --stage pt run: loss and perplexity of held-out text (--data: .txt files or a text column), base vs
+    fine-tuned, in the run's --max-length blocks."""
+    from roctune.errors import ConfigError
+    from roctune.eval import text
+
+    for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: {args.adapter} is a --stage pt run, whose eval is the held-out text's loss "
+                              "and perplexity (printed; --json for a machine-readable result): drop --" + flag)
+    _check(args)
+    docs, max_length = text.prepare(args.data, args.adapter, args.max_length)
+    say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    result = text.evaluate(args.adapter, docs, max_length, say, args.model, device=args.device, dtype=args.dtype,
+                           trust_remote_code=args.trust_remote_code)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"held-out text: {result['n']} block(s) of {max_length} tokens (lower is better)")
+    for key in ("loss", "perplexity"):
+        print(f"  {key:<12} base {result['base'][key]:>10}   tuned {result['tuned'][key]:>10}")
+    return 0
+
+
 def _check(args) -> str | None:
     """Flag values; returns the report folder (None: no report)."""
     from roctune import rundir
@@ -88,6 +113,10 @@ def _check(args) -> str | None:
 def run(args) -> int:
     if getattr(args, "rewards", None) or getattr(args, "reward_file", None):
         return run_rewards(args)
+    from roctune.eval.text import is_text_run
+
+    if os.path.isdir(args.adapter) and is_text_run(args.adapter):
+        return run_text(args)
     from roctune.eval import report
     from roctune.eval.run import Options, evaluate, prepare
 

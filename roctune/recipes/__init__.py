@@ -1,7 +1,7 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
-`sft` learns the answers of conversations; `dpo` prefers chosen over rejected answers; `grpo` learns from rewards
-on its own completions. `train(cfg)` runs the
-recipe cfg.stage names; `prepare(cfg)` checks every input before anything loads or is written."""
+`sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
+over rejected answers; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
+names; `prepare(cfg)` checks every input before anything loads or is written."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +23,8 @@ def prepare(cfg, check_output: bool = True):
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
     elif cfg.stage == "grpo":
         from roctune.data.prompts import load_prompts as read  # prompts (and reward columns) to sample from
+    elif cfg.stage == "pt":
+        from roctune.data.text import load_documents as read  # raw text documents, packed into blocks later
     elif cfg.streaming:
         from roctune.data.records import StreamedRecords as read  # checked and counted now, read again to tokenize
     else:
@@ -107,6 +109,8 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
         from roctune.recipes import dpo as recipe
     elif cfg.stage == "grpo":
         from roctune.recipes import grpo as recipe
+    elif cfg.stage == "pt":
+        from roctune.recipes import pt as recipe
     else:
         from roctune.recipes import sft as recipe
     target = cfg.output

@@ -25,6 +25,13 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
                                                 eval_records, cfg, say, "example",
                                                 ({"recipe": "sft", **vars(options)},
                                                  partial(iter_tokenized, options=options)))
+    return fit_tokenized(cfg, setup, dist, tokenizer, base_model, train_ex, eval_ex, say, progress)
+
+
+def fit_tokenized(cfg, setup, dist, tokenizer, base_model: str, train_ex: list, eval_ex: list, say,
+                  progress: bool) -> dict:
+    """Train on tokenized examples (ids + labels) with the SFT step: build the model, run the loop, save. Shared
+    by the recipes whose examples are token sequences with labels (`pt` packs raw text into such blocks)."""
     n_tok = sum(len(e.input_ids) for e in train_ex)
     session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
     if dist.sp_size > 1:  # before the model loads
