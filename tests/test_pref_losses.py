@@ -192,7 +192,8 @@ def _cfg(**kw):
     (dict(label_smoothing=0.5, pref_loss="robust"), "--label-smoothing must be < 0.5 (got 0.5)"),
     (dict(label_smoothing=-0.1), "--label-smoothing must be >= 0 (got -0.1)"),
     (dict(pref_loss="kto"), "--pref-loss must be one of sigmoid, ipo, hinge, robust, orpo, simpo (got 'kto')"),
-    (dict(stage="sft", pref_loss="orpo"), "--pref-loss sets the preference loss of --stage dpo; drop it for --stage sft"),
+    (dict(stage="sft", pref_loss="orpo"),
+     "--pref-loss sets the preference loss of --stage dpo; drop it for --stage sft"),
     (dict(stage="grpo", simpo_gamma=1.0, rewards=["json"]), "--simpo-gamma sets the preference loss of --stage dpo"),
     (dict(pref_loss="ipo", label_smoothing=0.1), "--label-smoothing applies to --pref-loss sigmoid, robust, simpo, "
                                                  "not ipo; drop it"),

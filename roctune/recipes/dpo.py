@@ -6,7 +6,9 @@ model's chat template exactly as in SFT, and only the final answer's tokens are 
 The loss is `--pref-loss` (roctune.training.pref_losses): by default the sigmoid DPO loss,
 -log sigmoid(beta * ((log pi(c) - log ref(c)) - (log pi(r) - log ref(r)))), or ipo, hinge, robust; orpo and simpo
 need no reference, so for them the reference scoring pass below is skipped entirely (a forward pass over every
-pair saved; memory was one model copy either way). The reference is the model as training starts (the base model, or base + the `--adapter` it starts from). Its
+pair saved; memory was one model copy either way).
+
+The reference is the model as training starts (the base model, or base + the `--adapter` it starts from). Its
 log-probabilities are computed once, before the first step, with the same model, so no second copy of the weights
 is ever held; only the pairs this process will train on are scored (a few steps cost a few pairs, whatever the
 data set's size), and a resumed run scores its remaining pairs again from the freshly built starting model."""
@@ -65,11 +67,11 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def scored(model, batch: list[Item]):
         """(per-pair loss, chosen rewards, rejected rewards) of a micro-batch (against its reference)."""
         pc, pr = pair_logps(model, [(x.chosen, x.rejected) for x in batch], pad_id, setup.device, head)
-        x = PairLogps(pc.float(), pr.float(), *answer_tokens(batch, pc.device))
+        lp = PairLogps(pc.float(), pr.float(), *answer_tokens(batch, pc.device))
         if needs_ref:
-            x.ref_chosen = torch.tensor([x.ref[0] for x in batch], device=pc.device)
-            x.ref_rejected = torch.tensor([x.ref[1] for x in batch], device=pc.device)
-        return pair_losses(x, pref)
+            lp.ref_chosen = torch.tensor([x.ref[0] for x in batch], device=pc.device)
+            lp.ref_rejected = torch.tensor([x.ref[1] for x in batch], device=pc.device)
+        return pair_losses(lp, pref)
 
     def loss_sum(model, batch):
         loss, ch, rj = scored(model, batch)
