@@ -5,7 +5,10 @@ Makes preference pairs (a question; chosen: a short helpful answer; rejected: a 
 questions were not trained on, with the base model and with the trained adapter: the mean of
 (log p(chosen) - log p(rejected)), summed over each answer's tokens and averaged per token, and how often chosen is
 above rejected. Run it alone on the machine (it uses the CPU for a few minutes):
-    flock /tmp/cpu.lock .venv/bin/python scripts/pref_heldout.py --pref-loss orpo --steps 30"""
+    flock /tmp/cpu.lock .venv/bin/python scripts/pref_heldout.py --pref-loss orpo --steps 30
+Measured so (2026-12-05, 2 shared CPU cores, 531 s of training): on 24 held-out pairs the summed margin went from
+10.46 to 13.66 nats, per token from 1.659 to 1.823, chosen ahead in 95.8% -> 100% of pairs (the base model already
+prefers an answer to a refusal; the run widens it)."""
 from __future__ import annotations
 
 import argparse
