@@ -3,7 +3,11 @@
 Data: preference pairs (roctune.data.preference reads every supported layout). Prompts are rendered with the
 model's chat template exactly as in SFT, and only the final answer's tokens are scored.
 
-The loss is the sigmoid DPO loss, -log sigmoid(beta * ((log pi(c) - log ref(c)) - (log pi(r) - log ref(r)))).
+The loss is `--pref-loss` (roctune.training.pref_losses): by default the sigmoid DPO loss,
+-log sigmoid(beta * ((log pi(c) - log ref(c)) - (log pi(r) - log ref(r)))), or ipo, hinge, robust; orpo and simpo
+need no reference, so for them the reference scoring pass below is skipped entirely (a forward pass over every
+pair saved; memory was one model copy either way).
+
 The reference is the model as training starts (the base model, or base + the `--adapter` it starts from). Its
 log-probabilities are computed once, before the first step, with the same model, so no second copy of the weights
 is ever held; only the pairs this process will train on are scored (a few steps cost a few pairs, whatever the
@@ -16,6 +20,7 @@ from roctune.progress import Progress
 from roctune.training import loop, session
 from roctune.training.batching import collate
 from roctune.training.losses import Head, sequence_logps
+from roctune.training.pref_losses import REFERENCE_FREE, PairLogps, PrefSettings, pair_losses
 
 
 @dataclass
@@ -33,13 +38,12 @@ def pair_logps(model, pairs: list, pad_id: int, device: str, head: Head | None):
     return lp[:n], lp[n:]
 
 
-def dpo_terms(pc, pr, rc, rr, beta: float):
-    """Per-pair loss, chosen reward and rejected reward."""
-    import torch.nn.functional as F
+def answer_tokens(batch: list[Item], device):
+    """(chosen, rejected) answer token counts of a micro-batch, as float tensors (ipo, simpo and orpo average)."""
+    import torch
 
-    chosen = beta * (pc - rc)
-    rejected = beta * (pr - rr)
-    return -F.logsigmoid(chosen - rejected), chosen, rejected
+    count = [[x.chosen.n_supervised for x in batch], [x.rejected.n_supervised for x in batch]]
+    return torch.tensor(count, dtype=torch.float32, device=device).unbind(0)
 
 
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
@@ -57,13 +61,17 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     session.open_output(cfg, dist)
     pad_id = tokenizer.pad_token_id
     head = plan.head if cfg.loss_on_supervised_only and not (cfg.fsdp and dist.enabled) else None
+    pref = PrefSettings.from_config(cfg)
+    needs_ref = pref.loss not in REFERENCE_FREE
 
     def scored(model, batch: list[Item]):
-        """(per-pair loss, chosen rewards, rejected rewards) of a micro-batch against its reference."""
+        """(per-pair loss, chosen rewards, rejected rewards) of a micro-batch (against its reference)."""
         pc, pr = pair_logps(model, [(x.chosen, x.rejected) for x in batch], pad_id, setup.device, head)
-        rc = torch.tensor([x.ref[0] for x in batch], device=pc.device)
-        rr = torch.tensor([x.ref[1] for x in batch], device=pc.device)
-        return dpo_terms(pc.float(), pr.float(), rc, rr, cfg.beta)
+        lp = PairLogps(pc.float(), pr.float(), *answer_tokens(batch, pc.device))
+        if needs_ref:
+            lp.ref_chosen = torch.tensor([x.ref[0] for x in batch], device=pc.device)
+            lp.ref_rejected = torch.tensor([x.ref[1] for x in batch], device=pc.device)
+        return pair_losses(lp, pref)
 
     def loss_sum(model, batch):
         loss, ch, rj = scored(model, batch)
@@ -91,8 +99,9 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6),
                                 "eval_reward_margin": round(s["margin"] / max(1, s["n"]), 6),
                                 "eval_reward_accuracy": round(s["acc"] / max(1, s["n"]), 4)},
-        before_training=before_training)
-    say(f"pairs: {len(items)} train, {len(eval_items)} eval; beta {cfg.beta}")
+        before_training=before_training if needs_ref else None)
+    say(f"pairs: {len(items)} train, {len(eval_items)} eval; loss {pref.loss}, beta {cfg.beta}"
+        + ("" if needs_ref else " (no reference model)"))
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
                               save=lambda m: session.save_final(cfg, m, tokenizer, dist))
     return session.finish(cfg, model, tokenizer, dist, summary, say)
