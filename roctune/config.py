@@ -19,10 +19,14 @@ from typing import Any
 
 from roctune import strict_yaml
 from roctune.errors import ConfigError
-from roctune.training.pref_losses import PREF_LOSSES, SMOOTHED
 
 DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
+# --pref-loss's names, and those --label-smoothing changes; roctune.training.pref_losses implements one function per
+# name (its table must cover exactly these: tests/test_pref_losses.py). Declared here because the settings layer sits
+# below the training engine and may not import it.
+PREF_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo")
+SMOOTHED = ("sigmoid", "robust", "simpo")
 STAGES = ("sft", "pt", "dpo", "grpo")  # roctune.recipes: one recipe each
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
@@ -108,7 +112,7 @@ class TrainConfig:
     pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
                              "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "
                              "loss of the chosen answer), simpo (length-normalised margin; try --beta 2)",
-                             choices=tuple(PREF_LOSSES), group="model",
+                             choices=PREF_LOSSES, group="model",
                 zh=("偏好损失", "dpo：偏好损失：sigmoid（DPO）、ipo、hinge、robust（标签翻转噪声），或不需要参考模型（省去参考打分）："
                     "orpo（几率比 + 选中回答的 SFT 损失）、simpo（按长度归一化的差距；可试 --beta 2）"))
     label_smoothing: float = setting(0.0, "dpo: probability in [0, 0.5) that a preference label is flipped "

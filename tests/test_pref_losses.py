@@ -214,8 +214,9 @@ def test_llama_factory_names_and_the_one_list_of_choices(tmp_path):
     assert (cfg.pref_loss, cfg.beta, cfg.simpo_gamma, cfg.label_smoothing) == ("simpo", 2.0, 1.0, 0.1)
     cfg.validate()
     spec = {s["name"]: s for s in form_specs()}
-    assert spec["pref_loss"]["choices"] == tuple(pl.PREF_LOSSES) == config.TrainConfig.__dataclass_fields__[
-        "pref_loss"].metadata["choices"]
+    assert spec["pref_loss"]["choices"] == tuple(pl.LOSS_FUNCTIONS) == config.PREF_LOSSES == \
+        config.TrainConfig.__dataclass_fields__["pref_loss"].metadata["choices"]
+    assert set(pl.REFERENCE_FREE) <= set(config.PREF_LOSSES) and set(config.SMOOTHED) <= set(config.PREF_LOSSES)
     assert spec["pref_loss"]["group"] == spec["beta"]["group"] and spec["pref_loss"]["label_zh"] == "偏好损失"
 
 

@@ -112,14 +112,12 @@ def orpo(x: PairLogps, s: PrefSettings):
     return -c - s.beta * F.logsigmoid(log_odds), s.beta * c, s.beta * r
 
 
-# The choices of --pref-loss (roctune.config takes them from here).
-PREF_LOSSES = {"sigmoid": sigmoid, "ipo": ipo, "hinge": hinge, "robust": robust, "orpo": orpo, "simpo": simpo}
+# One function per name of --pref-loss (roctune.config.PREF_LOSSES declares the names, in the settings layer).
+LOSS_FUNCTIONS = {"sigmoid": sigmoid, "ipo": ipo, "hinge": hinge, "robust": robust, "orpo": orpo, "simpo": simpo}
 # These need no reference model: the recipe skips the reference scoring pass for them.
 REFERENCE_FREE = ("orpo", "simpo")
-# The losses --label-smoothing changes.
-SMOOTHED = ("sigmoid", "robust", "simpo")
 
 
 def pair_losses(x: PairLogps, s: PrefSettings):
     """(per-pair loss, chosen rewards, rejected rewards) of `s.loss`."""
-    return PREF_LOSSES[s.loss](x, s)
+    return LOSS_FUNCTIONS[s.loss](x, s)
