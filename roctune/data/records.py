@@ -136,17 +136,25 @@ def load_records(paths: str | Iterable[str], limit: int | None = None, max_error
     lists each with its file:line (or record index) and field.
     """
     specs = [paths] if isinstance(paths, str) else list(paths)
-    weights = [split_weight(s)[1] for s in specs]
-    if all(w is None for w in weights):
+    weights = mix_weights(specs)
+    if weights is None:
         return _read(specs, limit, max_errors)
-    if any(w is None for w in weights):
-        missing = next(s for s, w in zip(specs, weights) if w is None)
-        raise DataError(f"--data {missing}: give every --data value a mixing weight (PATH:W) or none")
     errors = ErrorLimit(max_errors)
     with errors.collecting():
         groups = [[Record(ex.where, ex.messages, ex.obj, ex.tools) for ex in iter_examples(s, errors)]
                   for s in specs]
     return mix(groups, weights, seed)[:limit]
+
+
+def mix_weights(specs: list[str]) -> list[float] | None:
+    """The mixing weights of --data values (PATH:W), or None when none has one; a DataError when only some do."""
+    weights = [split_weight(s)[1] for s in specs]
+    if all(w is None for w in weights):
+        return None
+    if any(w is None for w in weights):
+        missing = next(s for s, w in zip(specs, weights) if w is None)
+        raise DataError(f"--data {missing}: give every --data value a mixing weight (PATH:W) or none")
+    return weights
 
 
 def _read(specs: list[str], limit: int | None, max_errors: int) -> list[Record]:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 
 from roctune.data.readers import iter_located
-from roctune.data.records import ErrorLimit, mix
+from roctune.data.records import ErrorLimit, mix, mix_weights
 from roctune.data.render import Tokenized
 from roctune.data.sources import Source, resolve_sources, split_weight
 from roctune.errors import DataError
@@ -39,14 +39,11 @@ def load_documents(specs, max_errors: int = 5, seed: int = 0) -> list[Document]:
     text, a record without the text column or with a non-string one is a DataError naming the file (and line)
     and the column."""
     specs = [specs] if isinstance(specs, str) else list(specs)
-    weights = [split_weight(s)[1] for s in specs]
-    if any(w is not None for w in weights) and any(w is None for w in weights):
-        missing = next(s for s, w in zip(specs, weights) if w is None)
-        raise DataError(f"--data {missing}: give every --data value a mixing weight (PATH:W) or none")
+    weights = mix_weights(specs)
     errors = ErrorLimit(max_errors)
     with errors.collecting():
         groups = [_read_spec(split_weight(s)[0], errors) for s in specs]
-    if all(w is None for w in weights):
+    if weights is None:
         return [d for g in groups for d in g]
     return mix(groups, weights, seed)
 
