@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from roctune import strict_yaml
+from roctune import stages, strict_yaml
 from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
@@ -27,7 +27,7 @@ METHODS = ("lora", "qlora", "freeze", "full")
 # below the training engine and may not import it.
 PREF_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo")
 SMOOTHED = ("sigmoid", "robust", "simpo")
-STAGES = ("sft", "pt", "dpo", "grpo")  # roctune.recipes: one recipe each
+STAGES = stages.NAMES  # roctune.stages: one row and one recipe each
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
@@ -98,11 +98,8 @@ class TrainConfig:
     method: str = setting("lora", "lora; qlora: LoRA on a 4-bit NF4 base (bitsandbytes); freeze: train only the "
                           "last N layers; full: every parameter", choices=METHODS, group="model",
                 zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
-    stage: str = setting("sft", "sft (supervised answers), pt (continued pretraining on raw text: .txt files or a "
-                         "'text' column, packed into --max-length blocks), dpo (preference pairs: "
-                         "prompt/chosen/rejected, or LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)",
-                         choices=STAGES, group="model",
-                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
+    stage: str = setting("sft", stages.help_text(), choices=STAGES, group="model",
+                         zh=("训练阶段", stages.help_text(zh=True)))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
@@ -342,9 +339,9 @@ class TrainConfig:
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
             raise ConfigError("set --epochs > 0 or --max-steps > 0")
-        if self.streaming and (not self.data_cache or self.stage != "sft"):
-            raise ConfigError("--streaming tokenizes into the data cache for sft; drop --no-data-cache "
-                              "(or --streaming for dpo)")
+        self._check_stage()
+        if self.streaming and not self.data_cache:
+            raise ConfigError("--streaming tokenizes into the data cache; drop --no-data-cache (or --streaming)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
         if self.method == "qlora" and self.fsdp:
@@ -371,6 +368,20 @@ class TrainConfig:
         self._check_pt()
         self._check_long()
 
+    def _check_stage(self) -> None:
+        """The flags the stage's recipe does not implement (roctune.stages: its row's capabilities)."""
+        row = stages.STAGES[self.stage]
+        used = {"streaming": self.streaming, "truncation": self.truncation != "right",
+                "sequence_parallel": self.sequence_parallel > 1, "fsdp": self.fsdp}
+        for capability, name in stages.CAPABILITIES:
+            if used[capability] and not getattr(row, capability):
+                shown = {"truncation": f"--truncation {self.truncation}",
+                         "sequence_parallel": f"--sequence-parallel {self.sequence_parallel}"}.get(capability, name)
+                *rest, last = stages.able(capability)
+                able = f"{', '.join(rest)} or {last}" if rest else last
+                raise ConfigError(f"{shown} is for --stage {able} (it does not support --stage {self.stage}); "
+                                  f"drop {name}")
+
     def _check_pref(self) -> None:
         """--pref-loss and its settings are --stage dpo's; --label-smoothing changes only some of the losses."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -389,9 +400,6 @@ class TrainConfig:
         """--sequence-parallel and --rope-scaling against the other settings (the model's heads and context are
         checked before it loads, in roctune.training.sequence_parallel and roctune.models)."""
         rope_scaling_parts(self.rope_scaling)
-        if self.truncation != "right" and self.stage != "sft":
-            raise ConfigError(f"--truncation {self.truncation} is for --stage sft; {self.stage} keeps prompts and "
-                              "answers whole (use --truncation right)")
         if self.truncation == "split" and self.max_length < 2:
             raise ConfigError("--truncation split needs --max-length 2 or more (windows overlap by one token)")
         p, world = self.sequence_parallel, self.nproc * self.nnodes
@@ -400,25 +408,21 @@ class TrainConfig:
         if world % p:
             raise ConfigError(f"--sequence-parallel {p} must divide the {world} processes (--nproc x --nnodes); "
                               f"use --nproc {p} (or a multiple of it)")
-        for on, what, fix in ((self.stage != "sft", f"--stage {self.stage}", "use --stage sft"),
-                              (self.fsdp, "--fsdp", "drop --fsdp (it composes with DDP: each group keeps a copy)"),
+        for on, what, fix in ((self.fsdp, "--fsdp", "drop --fsdp (it composes with DDP: each group keeps a copy)"),
                               (self.packing == "on", "--packing on", "use --packing off or auto")):
             if on:
                 raise ConfigError(f"--sequence-parallel does not support {what} yet; {fix}")
 
     def _check_pt(self) -> None:
-        """--stage pt learns raw text: the chat template and the settings of answers have nothing to act on."""
-        if self.stage != "pt":
+        """A stage that learns raw text (pt): the chat template and the settings of answers have nothing to act on."""
+        if stages.STAGES[self.stage].chat:
             return
         for on, name in ((self.template is not None, f"--template {self.template}"),
                          (not self.learn_reasoning, "--no-learn-reasoning"),
                          (self.empty_think != "learn", f"--empty-think {self.empty_think}")):
             if on:
-                raise ConfigError(f"{name} acts on chat conversations; --stage pt learns raw text without a "
-                                  f"chat template: drop {name.split()[0]}")
-        if self.truncation != "right":
-            raise ConfigError(f"--truncation {self.truncation}: --stage pt cuts the text into --max-length blocks "
-                              "itself (nothing is truncated); drop --truncation")
+                raise ConfigError(f"{name} acts on chat conversations; --stage {self.stage} learns raw text "
+                                  f"without a chat template: drop {name.split()[0]}")
 
     def check_grpo(self) -> None:
         import re
@@ -443,8 +447,6 @@ class TrainConfig:
         if self.kl_beta > 0 and self.method not in ("lora", "qlora"):
             raise ConfigError(f"--kl-beta needs the reference that LoRA gives for free (the adapter switched off); "
                               f"with --method {self.method} use --kl-beta 0")
-        if self.fsdp:
-            raise ConfigError("--stage grpo samples with the whole model in each process; drop --fsdp")
         if self.rollout_engine == "vllm":
             self._check_vllm_rollouts()
 

@@ -15,7 +15,7 @@ LAYERS = [  # top first
     ("models", ["models", "methods", "memory"]),
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
-    ("hardware and model-family facts", ["hardware", "families"]),
+    ("hardware, model-family and stage facts", ["hardware", "families", "stages"]),
     ("errors", ["errors", "interrupts", "progress", "strict_yaml", "__init__"]),
 ]
 RANK = {name: len(LAYERS) - i for i, (_, names) in enumerate(LAYERS) for name in names}

@@ -1,10 +1,12 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
 `sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
 over rejected answers; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
-names; `prepare(cfg)` checks every input before anything loads or is written."""
+names (its row in roctune.stages); `prepare(cfg)` checks every input before anything loads or is written."""
 from __future__ import annotations
 
 import logging
+
+from roctune.stages import STAGES
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +21,10 @@ def prepare(cfg, check_output: bool = True):
 
     cfg.validate()
     trackers.check(cfg.report_to)  # a missing tracker package is reported before the data is read
-    if cfg.stage == "dpo":
-        from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
-    elif cfg.stage == "grpo":
-        from roctune.data.prompts import load_prompts as read  # prompts (and reward columns) to sample from
-    elif cfg.stage == "pt":
-        from roctune.data.text import load_documents as read  # raw text documents, packed into blocks later
-    elif cfg.streaming:
+    if cfg.streaming:
         from roctune.data.records import StreamedRecords as read  # checked and counted now, read again to tokenize
     else:
-        from roctune.data.records import load_records as read
+        read = STAGES[cfg.stage].load_reader()  # conversations, pairs, prompts or documents (roctune.stages)
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
     if cfg.stage == "grpo":  # the reward functions (and a --reward-file's import) before the model loads
@@ -105,14 +101,7 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
 
     main = env_rank() == 0
     records, eval_records, base_model = prepare(cfg, check_output=main)
-    if cfg.stage == "dpo":
-        from roctune.recipes import dpo as recipe
-    elif cfg.stage == "grpo":
-        from roctune.recipes import grpo as recipe
-    elif cfg.stage == "pt":
-        from roctune.recipes import pt as recipe
-    else:
-        from roctune.recipes import sft as recipe
+    recipe = STAGES[cfg.stage].load_recipe()
     target = cfg.output
     if not main:
         if rundir.replaces_run(target, cfg.resume, cfg.overwrite):

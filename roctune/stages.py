@@ -1,0 +1,68 @@
+"""The training stages, one row each: what a stage reads, which recipe runs it and what it can do.
+
+A stage is a recipe file (roctune/recipes/NAME.py with `run(cfg, records, eval_records, base_model, log,
+progress)`), a data reader, and a row here. The settings layer (roctune.config) takes the stage names and builds
+its capability checks from this table (`--streaming` on a stage that cannot stream is refused in one line naming
+the flag and the stages that can), and roctune.recipes dispatches through it; nothing else lists the stages.
+
+The reader and recipe are named as "module:function" / "module" strings, imported only when a run needs them:
+this table sits in the facts layer, below the data readers and recipes it names (tests/test_layers.py), and
+importing it costs nothing.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training stage. `reader(paths) -> records` reads --data and --eval-data; the capabilities are the
+    settings the stage's recipe implements (a flag for a capability the stage lacks is refused by the settings)."""
+    name: str
+    help: str
+    zh: str
+    reader: str  # "module:function": the records this stage learns from
+    recipe: str  # the module whose run() trains it
+    chat: bool = True  # renders conversations through a chat template (--template, reasoning settings)
+    streaming: bool = False  # --streaming: tokenize into the data cache while reading
+    truncation: bool = False  # --truncation left|split (the others keep prompts and answers whole)
+    sequence_parallel: bool = False  # --sequence-parallel N
+    fsdp: bool = True  # --fsdp (GRPO samples with the whole model in each process)
+
+    def load_reader(self):
+        module, function = self.reader.split(":")
+        return getattr(importlib.import_module(module), function)
+
+    def load_recipe(self):
+        return importlib.import_module(self.recipe)
+
+
+ROWS = (
+    Stage("sft", "supervised answers", "监督学习回答", "roctune.data.records:load_records", "roctune.recipes.sft",
+          streaming=True, truncation=True, sequence_parallel=True),
+    Stage("pt", "continued pretraining on raw text: .txt files or a 'text' column, packed into --max-length blocks",
+          "继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块",
+          "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False),
+    Stage("dpo", "preference pairs: prompt/chosen/rejected, or LLaMA-Factory ranking data",
+          "偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据",
+          "roctune.data.preference:load_pairs", "roctune.recipes.dpo"),
+    Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
+          "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False),
+)
+STAGES = {s.name: s for s in ROWS}
+NAMES = tuple(STAGES)
+
+# The capabilities a flag needs, for the settings' checks: (Stage field, the flag as users write it).
+CAPABILITIES = (("streaming", "--streaming"), ("truncation", "--truncation"),
+                ("sequence_parallel", "--sequence-parallel"), ("fsdp", "--fsdp"))
+
+
+def able(capability: str) -> tuple[str, ...]:
+    """The stages that implement `capability` (a Stage field), for messages naming where a flag works."""
+    return tuple(s.name for s in ROWS if getattr(s, capability))
+
+
+def help_text(zh: bool = False) -> str:
+    """--stage's help: each stage and what it learns from, from the rows."""
+    return ("、" if zh else ", ").join(f"{s.name}（{s.zh}）" if zh else f"{s.name} ({s.help})" for s in ROWS)
