@@ -19,6 +19,7 @@ from typing import Any
 
 from roctune import stages, strict_yaml
 from roctune.errors import ConfigError
+from roctune.hardware.choices import ATTENTION, DEVICES, DTYPES
 
 DEFAULT_TARGET_MODULES = ["auto"]
 METHODS = ("lora", "qlora", "freeze", "full")
@@ -263,12 +264,12 @@ class TrainConfig:
     overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run",
                 zh=("覆盖", "替换 --output 中以前的 roctune 运行"))
     # ---- hardware
-    device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=("auto", "cuda", "cpu"), group="hardware",
+    device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=DEVICES, group="hardware",
                 zh=("设备", "cuda 表示 NVIDIA 或 AMD ROCm"))
-    dtype: str = setting("auto", "auto: bf16/fp16 on GPU, fp32 on CPU", choices=("auto", "bf16", "fp16", "fp32"),
+    dtype: str = setting("auto", "auto: bf16/fp16 on GPU, fp32 on CPU", choices=DTYPES,
                          group="hardware",
                 zh=("数据类型", "auto：GPU 上 bf16/fp16，CPU 上 fp32"))
-    attn: str = setting("auto", "attention kernel", choices=("auto", "eager", "sdpa", "flash_attention_2"),
+    attn: str = setting("auto", "attention kernel", choices=ATTENTION,
                         group="hardware",
                 zh=("注意力实现", "注意力内核"))
     # ---- compiled layers and fused kernels (roctune.training.compiled, issue 38)

@@ -27,13 +27,14 @@ def bitsandbytes_problem(device: str) -> str | None:
     otherwise what is wrong and what to install. It tries a real 4-bit quantization of a small tensor, so a
     wheel without a binary for this backend (or this GPU) is caught here rather than halfway into loading."""
     from roctune.hardware import torch_backend
+    from roctune.hardware.install_plan import BNB_PIP
 
     backend = "cpu" if device == "cpu" else torch_backend()
     label = {"rocm": "ROCm", "cuda": "CUDA", "cpu": "the CPU"}[backend]
     install = {
-        "cpu": "pip install -U 'bitsandbytes>=0.48' (its wheels include a CPU build)",
-        "cuda": "pip install -U bitsandbytes (its wheels include CUDA builds)",
-        "rocm": "pip install -U bitsandbytes (recent wheels include ROCm builds; for an older ROCm, build "
+        "cpu": f"{BNB_PIP} (its wheels include a CPU build)",
+        "cuda": f"{BNB_PIP} (its wheels include CUDA builds)",
+        "rocm": f"{BNB_PIP} (its wheels include ROCm 6.4+ builds; for an older ROCm, build "
                 "bitsandbytes from source with -DCOMPUTE_BACKEND=hip)",
     }[backend]
     try:

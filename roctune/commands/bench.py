@@ -5,6 +5,8 @@ Each run also reports the aten ops (and GPU kernels) of one optimizer step from 
 the first step (it compiles) and the profiled one; the first step's time is shown on its own."""
 from __future__ import annotations
 
+from roctune.hardware.choices import DEVICES, DTYPES
+
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure training speed and memory (vs the standard recipe)", description=__doc__)
@@ -20,8 +22,8 @@ def register(sub) -> None:
     p.add_argument("--target-modules", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--attn", default="sdpa", help="kernel, or a comma list for a comparison table")
     p.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--full-logits", action="store_true", help="compute the output layer at every position (off: only where trained)")

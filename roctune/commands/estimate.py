@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from roctune.config import METHODS
+from roctune.hardware.choices import ATTENTION, DTYPES
+
 
 def register(sub) -> None:
     p = sub.add_parser("estimate", help="estimate the memory a training run needs and whether it fits a GPU",
@@ -11,7 +14,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="SmolLM2-135M-Instruct",
                    help="local model dir, config.json, hub id in the local cache, or a built-in name "
                         "(see --list-models)")
-    p.add_argument("--method", choices=["lora", "qlora", "freeze", "full"], default="lora")
+    p.add_argument("--method", choices=METHODS, default="lora")
     p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
     p.add_argument("--max-length", default="512", metavar="N|auto",
                    help="tokens per example; auto: the longest that fits the GPU (--gpu/--vram/detected) or, with "
@@ -21,11 +24,11 @@ def register(sub) -> None:
     p.add_argument("--target-modules", nargs="+", metavar="NAME", default=None,
                    help="modules to adapt (default: the model family's attention projections) or all-linear")
     p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="auto: bf16 on a GPU, fp32 with --device cpu")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="recompute activations in backward (train chooses it itself from 2,048 tokens on)")
-    p.add_argument("--attn", choices=["auto", "eager", "sdpa", "flash_attention_2"], default="auto",
+    p.add_argument("--attn", choices=ATTENTION, default="auto",
                    help="attention kernel (auto: sdpa)")
     p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd"], default="adamw")
     p.add_argument("--supervised-fraction", type=float, default=1.0,

@@ -11,6 +11,7 @@ import os
 import sys
 
 from roctune import config
+from roctune.hardware.choices import DEVICES, DTYPES
 
 
 def register(sub) -> None:
@@ -28,8 +29,8 @@ def register(sub) -> None:
                    "needs pip install 'roctune[lm-eval]'")
     p.add_argument("--limit", type=int, metavar="N", help="with --tasks: at most N examples per task")
     p.add_argument("--model", metavar="NAME", help="base model (default: the run's, from run.yaml)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--trust-remote-code", action="store_true")
     # scoring by GRPO's rewards instead (--data: prompts; --max-new-tokens: completion length), declared once in config
     config.add_flags(p, REWARD_SETTINGS)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from roctune.errors import DataError, RoctuneError
+from roctune.hardware.choices import DEVICES, DTYPES
 
 
 def add_inference_args(p) -> None:
@@ -16,8 +17,8 @@ def add_inference_args(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--system", help="system prompt")
     p.add_argument("--compare", action="store_true", help="also answer with the base model, side by side")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--trust-remote-code", action="store_true")
 
 

@@ -13,6 +13,7 @@ import sys
 
 from roctune.config import check_number
 from roctune.errors import ConfigError, RoctuneError
+from roctune.hardware.choices import DEVICES, DTYPES
 
 
 # roctune's own engine's settings, which vLLM has no counterpart for: set with --engine vllm, they are refused.
@@ -40,8 +41,8 @@ def register(sub) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=1024,
                    help="largest max_tokens a request may ask for (default 1024; larger: HTTP 422)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for the model (default: torch's choice; 1 is often faster on a busy CPU)")
     p.add_argument("--trust-remote-code", action="store_true")

@@ -4,6 +4,7 @@ ROCm/CUDA version), and the packages roctune needs for training.
 """
 from __future__ import annotations
 
+from roctune.hardware.install_plan import BNB_PIP
 from roctune.hardware.readiness import Context
 from roctune.hardware.report import Findings
 from roctune.hardware.wheels import version_tuple
@@ -46,8 +47,8 @@ def check_flash_attn(c: Context, out: Findings) -> None:
 
 
 # backend: (label, torch facts key of its version, library name ending shown, fix)
-_BNB = {"rocm": ("ROCm", "hip", "*.so", "pip install -U 'bitsandbytes>=0.49' (ships ROCm builds); or use LoRA instead"),
-        "cuda": ("CUDA", "cuda", ".so", "pip install -U bitsandbytes; or use LoRA instead")}
+_BNB = {"rocm": ("ROCm", "hip", "*.so", f"{BNB_PIP} (ships ROCm builds); or use LoRA instead"),
+        "cuda": ("CUDA", "cuda", ".so", f"{BNB_PIP}; or use LoRA instead")}
 
 
 def check_qlora(c: Context, out: Findings) -> None:
@@ -56,7 +57,7 @@ def check_qlora(c: Context, out: Findings) -> None:
     if not bnb.get("installed"):
         out.add("qlora", "ok", "QLoRA unavailable: bitsandbytes is not installed (LoRA works)",
                 "QLoRA loads the base model in 4-bit through bitsandbytes",
-                "pip install 'bitsandbytes>=0.49'  (or: pip install -e '.[qlora]'); or use LoRA instead")
+                f"{BNB_PIP}  (or: pip install -e '.[qlora]'); or use LoRA instead")
         return
     libs = bnb.get("libs") or []
     ver = f"bitsandbytes {bnb.get('version') or ''}".strip()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from roctune.errors import ConfigError
 from roctune.hardware.gpus import ARCHS
+from roctune.hardware.install_plan import BNB_PIP
 from roctune.hardware.readiness import CONTAINER_FLAGS
 from roctune.hardware.wheels import rocm_wheel_index, torch_install_line
 
@@ -99,7 +100,7 @@ def _bitsandbytes(lines: list[str], text: str) -> Explanation | None:
     return _hit("bitsandbytes", "bitsandbytes has no GPU library for this torch",
                 "bitsandbytes loads libbitsandbytes_<backend><version>.so matching torch's ROCm/CUDA version; "
                 "the installed package lacks it",
-                ["pip install -U 'bitsandbytes>=0.49' (ships ROCm 6.4+/7.x and CUDA builds)",
+                [f"{BNB_PIP} (ships ROCm 6.4+/7.x and CUDA builds)",
                  "or use LoRA instead of QLoRA (no bitsandbytes needed)"],
                 _find(lines, r"libbitsandbytes_rocm\w*\.so|libbitsandbytes_cuda\w*\.so.*(not found|No such)|"
                              r"compiled without GPU support|bitsandbytes.*(ROCm|HIP).*not (found|available|supported)"))

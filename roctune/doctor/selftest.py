@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from roctune.errors import EnvironmentProblem
+from roctune.hardware.install_plan import BNB_PIP
 from roctune.hardware.report import Finding
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ FIXES = {
               "train with --fused-kernels off"),
     "compile": ("train with --compile off; or another torch wheel (`roctune doctor --install-plan`)",
                 "train with --compile off"),
-    "4bit": ("use --method lora; or reinstall bitsandbytes for this backend (pip install -U 'bitsandbytes>=0.49')",
-             "use --method lora; or pip install -U bitsandbytes"),
+    "4bit": (f"use --method lora; or reinstall bitsandbytes for this backend ({BNB_PIP})",
+             f"use --method lora; or {BNB_PIP}"),
 }
 
 

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 from roctune.errors import ConfigError, EnvironmentProblem
 
+# The choices of --device, --dtype and --attn, declared once for every command that takes them.
+DEVICES = ("auto", "cuda", "cpu")  # cuda also means AMD ROCm (torch.cuda)
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+WEIGHT_DTYPES = DTYPES[1:]  # a saved model's dtype (merge, export): no "auto"
+ATTENTION = ("auto", "eager", "sdpa", "flash_attention_2")
+
 
 @dataclass
 class Choice:
@@ -84,8 +90,8 @@ def choose_dtype(requested: str, device: str, *, bf16: bool | None = None) -> Ch
     def supported() -> bool:  # asked only where needed: asking torch may initialise the GPU runtime
         return bf16_supported(device) if bf16 is None else (device != "cpu" and bool(bf16))
 
-    if requested not in ("auto", "bf16", "fp16", "fp32"):
-        raise ConfigError(f"--dtype {requested!r}: expected auto, bf16, fp16 or fp32")
+    if requested not in DTYPES:
+        raise ConfigError(f"--dtype {requested!r}: expected one of {', '.join(DTYPES)}")
     if requested != "auto":
         if device == "cpu" and requested in ("bf16", "fp16"):
             return Choice(requested, "asked for; note: on most CPUs half-precision matmul is far slower than fp32")
@@ -114,9 +120,8 @@ def choose_attention(requested: str, device: str, dtype: str, *, flash_attn: boo
     including AOTriton on ROCm), else eager. `flash_attn`: whether flash-attn is installed, when known
     (doctor's facts); None looks for the package here."""
     installed = flash_attn_available if flash_attn is None else (lambda: bool(flash_attn))
-    valid = ("auto", "eager", "sdpa", "flash_attention_2")
-    if requested not in valid:
-        raise ConfigError(f"--attn {requested!r}: expected one of {', '.join(valid)}")
+    if requested not in ATTENTION:
+        raise ConfigError(f"--attn {requested!r}: expected one of {', '.join(ATTENTION)}")
     if requested == "flash_attention_2":
         if not installed():
             raise EnvironmentProblem("--attn flash_attention_2: the flash-attn package is not installed; "

@@ -25,6 +25,9 @@ PYPI_TORCH = "torch from PyPI (its Linux wheel runs on the CPU when there is no 
 ROCM_WSL_WHEELS = "https://repo.radeon.com/rocm/manylinux/rocm-rel-{version}/"
 # bitsandbytes' PyPI wheels carry ROCm libraries from this ROCm version on
 BNB_ROCM_WHEELS = "6.4"
+# The one bitsandbytes install line (its PyPI wheels carry CPU, CUDA and ROCm 6.4+ libraries from 0.49 on); doctor,
+# the self-test, the error explainer and QLoRA's refusal all quote it.
+BNB_PIP = "pip install -U 'bitsandbytes>=0.49'"
 
 
 @dataclass
@@ -89,7 +92,7 @@ def _rocm(p: Plan, usable: list[tuple[Gpu, Arch | None]]) -> None:
     p.reasons["torch"] = why
     hip = _index_version(index)
     if version_tuple(hip) >= version_tuple(BNB_ROCM_WHEELS):
-        p.bitsandbytes = "pip install 'bitsandbytes>=0.49'"
+        p.bitsandbytes = BNB_PIP
         p.reasons["bitsandbytes"] = f"its PyPI wheels include a ROCm {BNB_ROCM_WHEELS}+ library, matching torch's ROCm {hip}"
     else:
         gfx = ";".join(sorted({g.gfx for g, _ in usable if g.gfx}))
@@ -160,7 +163,7 @@ def _cuda(p: Plan, nvidia: list[Gpu]) -> None:
         p.reasons["torch"] = "NVIDIA driver not loaded: the newest CUDA index, which needs a current driver"
         p.warnings.append("the NVIDIA driver is not loaded (/proc/driver/nvidia/version is missing)")
         p.steps.append("install the NVIDIA driver (e.g. sudo ubuntu-drivers install), reboot, check nvidia-smi")
-    p.bitsandbytes = "pip install 'bitsandbytes>=0.49'"
+    p.bitsandbytes = BNB_PIP
     p.reasons["bitsandbytes"] = "its PyPI wheels include CUDA libraries"
     p.attention = "sdpa"
     p.reasons["attention"] = ("PyTorch's scaled_dot_product_attention has FlashAttention-2 kernels on CUDA; the "
@@ -212,7 +215,7 @@ def _cpu(p: Plan, unsupported: list[tuple[Gpu, Arch]]) -> None:
     else:
         p.reasons["platform"] = "no AMD or NVIDIA GPU under /sys/class/drm: training runs on the CPU"
     p.reasons["torch"] = PYPI_TORCH
-    p.bitsandbytes = "pip install 'bitsandbytes>=0.48' (optional: its wheels include a CPU build)"
+    p.bitsandbytes = f"{BNB_PIP} (optional: its wheels include a CPU build)"
     p.reasons["bitsandbytes"] = "QLoRA on the CPU works but is slower than LoRA in fp32"
     p.attention = "sdpa"
     p.reasons["attention"] = "PyTorch's scaled_dot_product_attention is the fastest kernel on the CPU"
