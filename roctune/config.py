@@ -679,18 +679,21 @@ GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimi
                 "rl": "reinforcement learning (--stage grpo)"}
 
 
-def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None,
+              defaults: dict[str, Any] | None = None) -> None:
     """One flag per setting, generated from the declarations (use with argument_default=SUPPRESS, so only the
     flags given reach `from_sources`). `names`: only those settings (another command reusing them, e.g. eval's
-    rewards; their defaults are left to `from_sources`)."""
+    rewards; their defaults are left to `from_sources`). `defaults`: the flags hold values of their own (a command
+    that reads args itself, as bench does): the settings' defaults, except those named here."""
     groups = {k: parser.add_argument_group(title) for k, title in GROUP_TITLES.items()}
     for f in fields():
         if names is not None and f.name not in names:
             continue
         meta, k = f.metadata, kind(f)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = (defaults or {}).get(f.name, default)
         help_text = meta["help"] + ("" if default in (None, "", [], False) or k == "bool" else f" (default {_show(default)})")
-        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
+        kw: dict[str, Any] = {"dest": f.name, "help": help_text.replace("%", "%%")}  # argparse formats help with %
         if k == "bool":
             kw["action"] = argparse.BooleanOptionalAction if default else "store_true"
         elif k == "list":
@@ -702,7 +705,9 @@ def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = N
                       choices=meta["choices"])
         if k == "list" and meta["choices"]:
             kw["help"] += f" (any of {', '.join(meta['choices'])})"
-        if names is not None:
+        if defaults is not None:
+            kw["default"] = default
+        elif names is not None:
             kw["default"] = argparse.SUPPRESS
         groups[meta["group"]].add_argument(flag(f.name), *meta["aliases"], **kw)
 

@@ -39,3 +39,9 @@ def test_the_bitsandbytes_install_line_is_written_once():
                 text = open(os.path.join(folder, f), encoding="utf-8").read()
                 places += [f] * text.count("bitsandbytes>=")
     assert places == ["install_plan.py"], places
+
+
+def test_every_command_help_renders_its_flags_help():
+    for name, parser in _commands():
+        text = parser.format_help()  # a bare % in a help text would break argparse's formatting
+        assert "option_strings" not in text and "--help" in text, name

@@ -5,30 +5,21 @@ Each run also reports the aten ops (and GPU kernels) of one optimizer step from 
 the first step (it compiles) and the profiled one; the first step's time is shown on its own."""
 from __future__ import annotations
 
-from roctune.hardware.choices import DEVICES, DTYPES
+from roctune import config
+
+# The settings bench shares with `roctune train`: their flags, types, choices and help come from the schema.
+SHARED = ("max_steps", "batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "lora_dropout",
+          "target_modules", "lr", "seed", "device", "dtype", "packing", "grad_checkpointing")
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure training speed and memory (vs the standard recipe)", description=__doc__)
     p.add_argument("--model", help="model (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--data", help="dataset (default: a generated alpaca set averaging ~200 tokens per example)")
-    p.add_argument("--max-steps", type=int, default=12)
-    p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
-    p.add_argument("--grad-accum", type=int, default=4)
-    p.add_argument("--max-length", type=int, default=512)
-    p.add_argument("--lora-r", type=int, default=8)
-    p.add_argument("--lora-alpha", type=float, default=16)
-    p.add_argument("--lora-dropout", type=float, default=0.05)
-    p.add_argument("--target-modules", nargs="+", default=["q_proj", "k_proj", "v_proj", "o_proj"])
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--dtype", choices=DTYPES, default="auto")
+    config.add_flags(p, SHARED, defaults={"max_steps": 12, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]})
     p.add_argument("--attn", default="sdpa", help="kernel, or a comma list for a comparison table")
-    p.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--full-logits", action="store_true", help="compute the output layer at every position (off: only where trained)")
     p.add_argument("--no-group-by-length", action="store_true")
-    p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--baseline", action="store_true", help="also run transformers Trainer + PEFT and print the ratio")
     p.add_argument("--compile", action="store_true", help="also run roctune with --compile on (compiled decoder layers)")
     p.add_argument("--json", dest="json_out", default="bench.json", help="write results here (default bench.json)")

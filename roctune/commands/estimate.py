@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from roctune.config import METHODS
-from roctune.hardware.choices import ATTENTION, DTYPES
+from roctune import config
+
+# The settings estimate shares with `roctune train`: flags, types, choices, help and defaults from the schema.
+SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing")
 
 
 def register(sub) -> None:
@@ -14,22 +16,13 @@ def register(sub) -> None:
     p.add_argument("--model", default="SmolLM2-135M-Instruct",
                    help="local model dir, config.json, hub id in the local cache, or a built-in name "
                         "(see --list-models)")
-    p.add_argument("--method", choices=METHODS, default="lora")
-    p.add_argument("--batch-size", type=int, default=2, help="examples per micro-batch")
+    config.add_flags(p, SHARED, defaults={})
     p.add_argument("--max-length", default="512", metavar="N|auto",
                    help="tokens per example; auto: the longest that fits the GPU (--gpu/--vram/detected) or, with "
                         "--device cpu, this machine's RAM")
-    p.add_argument("--lora-r", type=int, default=8, help="LoRA rank")
-    p.add_argument("--lora-dropout", type=float, default=0.05, help="LoRA dropout (adds a saved mask)")
     p.add_argument("--target-modules", nargs="+", metavar="NAME", default=None,
                    help="modules to adapt (default: the model family's attention projections) or all-linear")
     p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="auto: bf16 on a GPU, fp32 with --device cpu")
-    p.add_argument("--grad-checkpointing", action="store_true",
-                   help="recompute activations in backward (train chooses it itself from 2,048 tokens on)")
-    p.add_argument("--attn", choices=ATTENTION, default="auto",
-                   help="attention kernel (auto: sdpa)")
     p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd"], default="adamw")
     p.add_argument("--supervised-fraction", type=float, default=1.0,
                    help="share of positions where logits are computed (roctune's trainer computes them only "
