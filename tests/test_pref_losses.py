@@ -247,3 +247,23 @@ def test_reference_free_losses_train_without_a_reference_pass(tiny_model_dir, tm
     assert len(train) == 2 and all(math.isfinite(r["loss"]) for r in train)
     assert any("eval_loss" in r for r in rows)  # evaluation scores pairs without a reference too
     assert (out / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.parametrize("name, given, recorded", [("label_smoothing", 0.1, 0.0), ("simpo_gamma", 1.0, 0.5),
+                                                    ("pref_loss", "ipo", "sigmoid")])
+def test_resume_refuses_another_loss_setting_than_the_run_used(tmp_path, name, given, recorded):
+    """The loss defines the run: a --resume with another loss, smoothing or margin is refused, naming the flag."""
+    from roctune import rundir
+    from roctune.config import TrainConfig
+    from roctune.recipes import check_resume
+
+    out = tmp_path / "run"
+    out.mkdir()
+    rundir.write_run(str(out), {"config": {"stage": "dpo", name: recorded}})
+    before = (out / rundir.RUN_FILE).read_bytes()
+    cfg = TrainConfig(data=["d.jsonl"], output=str(out), stage="dpo", resume=True,
+                             **({"pref_loss": "simpo"} if name == "simpo_gamma" else {}), **{name: given})
+    with pytest.raises(ConfigError) as e:
+        check_resume(cfg)
+    assert str(e.value).startswith(f"--resume: --{name.replace('_', '-')} is {given!r} here but {recorded!r}")
+    assert (out / rundir.RUN_FILE).read_bytes() == before

@@ -59,7 +59,7 @@ def prepare(cfg, check_output: bool = True):
 # change (a larger --max-steps continues a finished run).
 RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
                 "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
-                "rope_scaling", "truncation", "pref_loss",
+                "rope_scaling", "truncation", "pref_loss", "label_smoothing", "simpo_gamma",
                 "seed", "batch_size", "grad_accum", "num_generations")
 
 
