@@ -76,12 +76,20 @@ browser:
 
 # setup and vllm build two separate venvs, each mostly one pip process on one core: side by side they take the
 # time of the longer one (about 80 s here) instead of both (160 s).
+# Two pytest workers (pytest-xdist), whole files each (fixtures shared within a file stay shared): the suite spends
+# much of its time in one-threaded work (importing torch in the processes it starts, tokenizers, llama.cpp loads,
+# servers starting), so two run side by side on the two cores; each worker and what it starts runs torch with one
+# thread (tests/conftest.py), as two processes with two threads each slow each other down. TEST_WORKERS=0 runs the
+# suite in one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: browser
 	$(MAKE) --no-print-directory -j2 setup vllm
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow" tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -12,6 +12,42 @@ os.environ.setdefault("ROCTUNE_HOME", os.path.join(REPO, ".cache", "roctune"))
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest workers on a 2-core machine: one thread each (and in the processes they start),
+    # as two processes with a thread per core each slow each other by up to 8x through oversubscription.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def patient_gradio_launch():
+    """Gradio's launch asks its own page once with a 3 s timeout and, on a timeout, refuses to start ("localhost is
+    not accessible"); on this 2-core machine with two test workers busy the first answer can take longer. The tests
+    are about roctune's page, so they wait up to 60 s for it."""
+    try:
+        from gradio import networking
+    except ImportError:
+        yield
+        return
+    import time
+
+    import httpx
+
+    quick = networking.url_ok
+
+    def patient(url: str) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.head(url, timeout=10, verify=False).status_code in (200, 401, 301, 302, 303, 307, 308):
+                    return True
+            except (httpx.ConnectError, httpx.TimeoutException):
+                pass
+            time.sleep(0.5)
+        return quick(url)
+
+    networking.url_ok = patient
+    yield
+    networking.url_ok = quick
 
 
 @pytest.fixture(scope="session")
