@@ -1,0 +1,49 @@
+"""--stage dpo's preference loss (roctune.training.pref_losses implements one function per name: its table
+must cover exactly PREF_LOSSES, tests/test_pref_losses.py) and the checks of its settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import dataclasses
+
+from roctune.config.schema import flag, setting
+from roctune.errors import ConfigError
+
+# Declared here because the settings layer sits below the training engine and may not import it.
+PREF_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo")
+SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses --label-smoothing changes
+
+
+@dataclass
+class PrefSettings:
+    # ---- dpo: how far the policy may move, and the loss (roctune.training.pref_losses)
+    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model",
+                zh=("beta", "dpo：策略可以偏离参考模型多远"))
+    # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
+    pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
+                             "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "
+                             "loss of the chosen answer), simpo (length-normalised margin; try --beta 2)",
+                             choices=PREF_LOSSES, group="model",
+                zh=("偏好损失", "dpo：偏好损失：sigmoid（DPO）、ipo、hinge、robust（标签翻转噪声），或不需要参考模型（省去参考打分）："
+                    "orpo（几率比 + 选中回答的 SFT 损失）、simpo（按长度归一化的差距；可试 --beta 2）"))
+    label_smoothing: float = setting(0.0, "dpo: probability in [0, 0.5) that a preference label is flipped "
+                                     "(--pref-loss robust, simpo, and sigmoid as conservative DPO)", ge=0, lt=0.5,
+                                     group="model",
+                zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（--pref-loss robust、simpo，以及 sigmoid 即保守 DPO）"))
+    simpo_gamma: float = setting(0.5, "dpo: --pref-loss simpo's target reward margin (TRL's simpo_gamma)", ge=0,
+                                 group="model",
+                zh=("SimPO gamma", "dpo：--pref-loss simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
+
+    def _check_pref(self) -> None:
+        """--pref-loss and its settings are --stage dpo's; --label-smoothing changes only some of the losses."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [n for n in ("pref_loss", "label_smoothing", "simpo_gamma") if getattr(self, n) != defaults[n]]
+        if changed and self.stage != "dpo":
+            raise ConfigError(f"{flag(changed[0])} sets the preference loss of --stage dpo; drop it for "
+                              f"--stage {self.stage}")
+        if self.label_smoothing and self.pref_loss not in SMOOTHED:
+            raise ConfigError(f"--label-smoothing applies to --pref-loss {', '.join(SMOOTHED)}, not "
+                              f"{self.pref_loss}; drop it")
+        if self.simpo_gamma != defaults["simpo_gamma"] and self.pref_loss != "simpo":
+            raise ConfigError(f"--simpo-gamma is the margin of --pref-loss simpo; drop it for --pref-loss "
+                              f"{self.pref_loss}")
+

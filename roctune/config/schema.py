@@ -1,0 +1,123 @@
+"""How a setting is declared and checked: `setting()` makes a dataclass field carrying its help, choices, bounds,
+flag group and Chinese label; `check_value` applies them; `coerce` reads a value from text (YAML, a flag, key=value)
+as the field's type. Every error names the flag."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import field
+from typing import Any
+
+from roctune.errors import ConfigError
+
+
+def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float | None = None,
+            gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,
+            metavar: str | None = None, group: str = "training", cli_only: bool = False,
+            aliases: tuple[str, ...] = (), zh: tuple[str, str], unset: Any = None) -> Any:
+    """One setting. `ge/gt/le/lt` bound numbers (NaN and infinity are always refused); `repeat` makes a list
+    flag repeatable (--data a --data b) instead of taking several values; `cli_only` settings cannot come from a
+    file; `aliases` are extra flag names; `group` places the flag in --help and the web UI; `zh` is its Chinese
+    (label, help) for the web UI (the CLI stays English); `unset` is a default that means "not set" (the web UI
+    shows it as an empty box)."""
+    meta = {"help": help, "zh": zh, "unset": unset, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
+            "metavar": metavar, "group": group, "cli_only": cli_only, "aliases": aliases}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_value(f: dataclasses.Field, value: Any) -> None:
+    """The field's own rules: choices, finite numbers, bounds; the error names the flag."""
+    meta = f.metadata
+    for one in value if isinstance(value, list) and meta.get("choices") else [value]:
+        if meta.get("choices") and one not in meta["choices"]:
+            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})")
+    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")})
+
+
+def check_number(name: str, value: Any, ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None) -> None:
+    """A number from a flag: finite and within the bounds, or a ConfigError naming `name` (e.g. --top-p).
+    Commands whose flags are not training settings check theirs with this, so every number is refused the
+    same way (None and non-numbers pass: argparse has typed them)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number (got {value})")
+    for bound, ok, word in ((ge, lambda v, b: v >= b, ">="), (gt, lambda v, b: v > b, ">"),
+                            (le, lambda v, b: v <= b, "<="), (lt, lambda v, b: v < b, "<")):
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})")
+
+
+
+def kind(f: dataclasses.Field) -> str:
+    """'bool', 'int', 'float', 'list' or 'str' (optional strings too)."""
+    t = str(f.type)
+    for k in ("list", "bool", "int", "float"):
+        if t.startswith(k):
+            return k
+    return "str"
+
+
+
+def _check_utf8(name: str, value: Any) -> None:
+    """A setting (a file name, mostly) that is not valid UTF-8 (a file named in a legacy encoding such as GBK reaches
+    Python as surrogate escapes) is refused here: run.yaml, logs and the data cache are UTF-8 and could not hold it."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                raise ConfigError(f"{flag(name)} {shown}: the name is not valid UTF-8 (a legacy encoding such as GBK);"
+                                  " rename the file, e.g. convmv -f gbk -t utf8 --notest FILE") from None
+
+
+def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
+    """A YAML, flag or `key=value` value as the field's type, with an error naming the key."""
+    k = kind(f)
+    if value is None and str(f.type).endswith("| None"):  # an optional setting left at its default
+        return None
+    if k == "list":
+        if isinstance(value, str):
+            return [v for v in value.replace(",", " ").split() if v]
+        if isinstance(value, list):
+            # a list with choices (--report-to tensorboard,wandb) also takes comma-separated words; other lists
+            # (file paths) keep their commas
+            if f.metadata.get("choices"):
+                return [w for v in value for w in str(v).replace(",", " ").split() if w]
+            return [str(v) for v in value]
+        raise ConfigError(f"{name}: expected a list, got {value!r}")
+    if k == "bool":
+        if isinstance(value, bool):
+            return value
+        s = str(value).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if k in ("int", "float"):
+        return _number(name, value, int if k == "int" else float)
+    return None if value is None else str(value)
+
+
+def _number(name: str, value: Any, typ: type) -> Any:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    try:
+        out = typ(value) if typ is float or not isinstance(value, float) else None
+    except (TypeError, ValueError, OverflowError):
+        out = None
+    if out is None or (typ is int and isinstance(value, str) and not value.strip().lstrip("+-").isdigit()):
+        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
+    return out
+
