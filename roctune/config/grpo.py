@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from roctune.config.schema import _number, check_number, setting
 from roctune.errors import ConfigError
 
+# The choices of GRPO's settings, declared here (the settings layer sits below the engine, which imports them):
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
+SCALE_REWARDS = ("group", "batch", "none")
+IS_LEVELS = ("token", "sequence")  # importance sampling per token or per sequence (GSPO)
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
 
@@ -39,10 +42,10 @@ class GrpoSettings:
                              "(per micro-batch tokens)", choices=LOSS_TYPES, group="rl",
                 zh=("损失类型", "grpo：逐 token 项的平均方式：dapo（按本步全部 token）、grpo（先按回答再跨回答）、dr_grpo（除以回答数 × 最大长度）、bnpo（按微批次的 token）"))
     scale_rewards: str = setting("group", "grpo: divide advantages by the reward std of the group, the batch, or "
-                                 "none (Dr. GRPO)", choices=("group", "batch", "none"), group="rl",
+                                 "none (Dr. GRPO)", choices=SCALE_REWARDS, group="rl",
                 zh=("奖励缩放", "grpo：优势除以组内、整批的奖励标准差，或不缩放（Dr. GRPO）"))
     importance_sampling_level: str = setting("token", "grpo: importance ratio per token, or per sequence (GSPO)",
-                                             choices=("token", "sequence"), group="rl",
+                                             choices=IS_LEVELS, group="rl",
                 zh=("重要性采样级别", "grpo：按 token 或按整条序列（GSPO）计算重要性比率"))
     rewards: list[str] = setting([], "grpo: built-in rewards: answer (equals --answer-column), format "
                                  "(--format-regex matches), length (soft overlong penalty), json (parses)",

@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from roctune.config.grpo import REWARDS as BUILTINS  # --reward's choices
 from roctune.errors import ConfigError, DataError, RewardError
 
-BUILTINS = ("answer", "format", "length", "json")
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch here
 log = logging.getLogger(__name__)
 

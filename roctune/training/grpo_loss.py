@@ -25,10 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
-SCALE_REWARDS = ("group", "batch", "none")
-LEVELS = ("token", "sequence")
-
 
 @dataclass(frozen=True)
 class LossSettings:
