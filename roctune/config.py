@@ -27,7 +27,7 @@ METHODS = ("lora", "qlora", "freeze", "full")
 # below the training engine and may not import it.
 PREF_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo")
 SMOOTHED = ("sigmoid", "robust", "simpo")
-STAGES = ("sft", "pt", "dpo", "grpo")  # roctune.recipes: one recipe each
+STAGES = ("sft", "pt", "dpo", "kto", "grpo")  # roctune.recipes: one recipe each
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
@@ -37,7 +37,8 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio", "swanlab", "none")
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
 ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method",
-           "dpo_label_smoothing": "label_smoothing"}
+           "dpo_label_smoothing": "label_smoothing", "kto_chosen_weight": "desirable_weight",
+           "kto_rejected_weight": "undesirable_weight"}
 
 
 def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float | None = None,
@@ -100,14 +101,23 @@ class TrainConfig:
                 zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
     stage: str = setting("sft", "sft (supervised answers), pt (continued pretraining on raw text: .txt files or a "
                          "'text' column, packed into --max-length blocks), dpo (preference pairs: "
-                         "prompt/chosen/rejected, or LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)",
+                         "prompt/chosen/rejected, or LLaMA-Factory ranking data), kto (single answers marked "
+                         "desirable or not: label true/false, or LLaMA-Factory's kto_tag) or grpo (RL from rewards on "
+                         "prompts)",
                          choices=STAGES, group="model",
-                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
+                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）、kto（单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag）或 grpo（基于奖励的强化学习，只需提示词）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
-    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model",
-                zh=("beta", "dpo：策略可以偏离参考模型多远"))
+    beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0, group="model",
+                zh=("beta", "dpo、kto：策略可以偏离参考模型多远"))
+    # ---- kto's loss weights (roctune.training.kto_loss; TRL's KTOConfig names and defaults)
+    desirable_weight: float = setting(1.0, "kto: weight of the desirable examples' loss (the KTO paper advises "
+                                      "desirable-weight x desirable / (undesirable-weight x undesirable) in "
+                                      "[1, 4/3])", gt=0, group="model",
+                zh=("好样本权重", "kto：好（desirable）样本损失的权重（KTO 论文建议 好样本权重 x 好样本数 / (坏样本权重 x 坏样本数) 在 [1, 4/3] 之间）"))
+    undesirable_weight: float = setting(1.0, "kto: weight of the undesirable examples' loss", gt=0, group="model",
+                zh=("坏样本权重", "kto：坏（undesirable）样本损失的权重"))
     # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
     pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
                              "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "
@@ -367,6 +377,7 @@ class TrainConfig:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
         self._check_pref()
+        self._check_kto()
         self.check_grpo()
         self._check_pt()
         self._check_long()
@@ -384,6 +395,13 @@ class TrainConfig:
         if self.simpo_gamma != defaults["simpo_gamma"] and self.pref_loss != "simpo":
             raise ConfigError(f"--simpo-gamma is the margin of --pref-loss simpo; drop it for --pref-loss "
                               f"{self.pref_loss}")
+
+    def _check_kto(self) -> None:
+        """--desirable-weight and --undesirable-weight are --stage kto's."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [n for n in ("desirable_weight", "undesirable_weight") if getattr(self, n) != defaults[n]]
+        if changed and self.stage != "kto":
+            raise ConfigError(f"{flag(changed[0])} weighs the loss of --stage kto; drop it for --stage {self.stage}")
 
     def _check_long(self) -> None:
         """--sequence-parallel and --rope-scaling against the other settings (the model's heads and context are

@@ -1,7 +1,8 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
 `sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
-over rejected answers; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
-names; `prepare(cfg)` checks every input before anything loads or is written."""
+over rejected answers; `kto` learns from single answers marked desirable or undesirable; `grpo` learns from
+rewards on its own completions. `train(cfg)` runs the recipe cfg.stage names; `prepare(cfg)` checks every input
+before anything loads or is written."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,8 @@ def prepare(cfg, check_output: bool = True):
         from roctune.data.prompts import load_prompts as read  # prompts (and reward columns) to sample from
     elif cfg.stage == "pt":
         from roctune.data.text import load_documents as read  # raw text documents, packed into blocks later
+    elif cfg.stage == "kto":
+        from roctune.data.kto import load_examples as read  # single answers marked desirable or undesirable
     elif cfg.streaming:
         from roctune.data.records import StreamedRecords as read  # checked and counted now, read again to tokenize
     else:
@@ -63,7 +66,7 @@ def prepare(cfg, check_output: bool = True):
 # change (a larger --max-steps continues a finished run).
 RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
                 "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
-                "rope_scaling", "truncation", "pref_loss",
+                "rope_scaling", "truncation", "pref_loss", "desirable_weight", "undesirable_weight",
                 "seed", "batch_size", "grad_accum", "num_generations")
 
 
@@ -111,6 +114,8 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
         from roctune.recipes import grpo as recipe
     elif cfg.stage == "pt":
         from roctune.recipes import pt as recipe
+    elif cfg.stage == "kto":
+        from roctune.recipes import kto as recipe
     else:
         from roctune.recipes import sft as recipe
     target = cfg.output
