@@ -196,6 +196,14 @@ def test_llama_factory_names():
     cfg.validate()
 
 
+def test_compile_auto_treats_kto_as_a_full_sequence_recipe():
+    """kto's step runs a forward without gradients (the KL pairs) and one with: --compile on gave eager's losses
+    on the CPU (3 steps, tiny llama), so auto compiles it on a GPU like dpo."""
+    from roctune.training.compiled import AUTO_MIN_STEPS, choose_compile
+
+    assert choose_compile("auto", "cuda", AUTO_MIN_STEPS, "kto").value
+
+
 def test_web_ui_form_offers_kto_with_its_labels():
     from roctune.webui.train_form import form_specs
 
