@@ -262,3 +262,28 @@ def test_one_example_is_refused_before_the_model_loads(tiny_model_dir, tmp_path)
     data = write_jsonl(tmp_path / "k.jsonl", ROWS[:1])
     with pytest.raises(DataError, match="needs at least 2 training examples"):
         run(make_cfg(data, tmp_path / "run", tiny_model_dir))
+
+
+@pytest.mark.slow
+def test_two_processes_follow_the_one_process_losses(tiny_model_dir, tmp_path):
+    """--nproc 2 (DDP, gloo): each process's micro-batches, KL estimates included, are those of one process with
+    twice the accumulation, so the losses agree."""
+    import subprocess
+    import sys
+
+    data = write_jsonl(tmp_path / "k.jsonl", ROWS + ROWS[::-1])
+    common = ["--model", tiny_model_dir, "--data", data, "--stage", "kto", "--max-steps", "3", "--lr", "1e-2",
+              "--lora-dropout", "0", "--device", "cpu", "--batch-size", "2", "--target-modules", "all-linear"]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "roctune", "train", *common, "--output", str(tmp_path / "two"),
+                        "--nproc", "2", "--grad-accum", "1"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from roctune.cli import build_parser
+    from roctune.commands.train import config_from_args
+
+    run(config_from_args(build_parser().parse_args(["train", *common, "--output", str(tmp_path / "one"),
+                                                    "--grad-accum", "2"])))
+    two, one = ([r["loss"] for r in metrics(tmp_path / d) if "loss" in r] for d in ("two", "one"))
+    assert len(two) == len(one) == 3 and len(set(one)) == 3
+    assert two == pytest.approx(one, rel=1e-4)
