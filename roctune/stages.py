@@ -47,6 +47,9 @@ ROWS = (
     Stage("dpo", "preference pairs: prompt/chosen/rejected, or LLaMA-Factory ranking data",
           "偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据",
           "roctune.data.preference:load_pairs", "roctune.recipes.dpo"),
+    Stage("kto", "single answers marked desirable or not: label true/false, or LLaMA-Factory's kto_tag",
+          "单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag",
+          "roctune.data.kto:load_examples", "roctune.recipes.kto"),
     Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
           "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False),
 )

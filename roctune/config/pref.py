@@ -16,8 +16,8 @@ SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses --label-smoothing change
 @dataclass
 class PrefSettings:
     # ---- dpo: how far the policy may move, and the loss (roctune.training.pref_losses)
-    beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model",
-                zh=("beta", "dpo：策略可以偏离参考模型多远"))
+    beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0, group="model",
+                zh=("beta", "dpo、kto：策略可以偏离参考模型多远"))
     # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
     pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
                              "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "

@@ -15,7 +15,8 @@ from roctune.errors import ConfigError
 
 # Other names users know a setting by (LLaMA-Factory's spelling).
 ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method",
-           "dpo_label_smoothing": "label_smoothing"}
+           "dpo_label_smoothing": "label_smoothing", "kto_chosen_weight": "desirable_weight",
+           "kto_rejected_weight": "undesirable_weight"}
 
 
 def fields() -> list[dataclasses.Field]:

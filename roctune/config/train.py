@@ -13,6 +13,7 @@ from roctune import stages
 from roctune.config.data import DataSettings
 from roctune.config.grpo import GrpoSettings
 from roctune.config.hardware import HardwareSettings
+from roctune.config.kto import KtoSettings
 from roctune.config.long import LongSettings
 from roctune.config.lora import LoraSettings
 from roctune.config.model import ModelSettings
@@ -27,7 +28,7 @@ from roctune.errors import ConfigError
 # The fields' order (flags, --help, the web UI's form) is the sections' from the last base to the first.
 @dataclass
 class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, LoraSettings, OptimSettings,
-                  GrpoSettings, PrefSettings, ModelSettings, DataSettings):
+                  GrpoSettings, KtoSettings, PrefSettings, ModelSettings, DataSettings):
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -75,6 +76,7 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
         self._check_best()
         self._check_pref()
+        self._check_kto()
         self.check_grpo()
         self._check_pt()
         self._check_long()

@@ -1,7 +1,8 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
 `sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
-over rejected answers; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
-names (its row in roctune.stages); `prepare(cfg)` checks every input before anything loads or is written."""
+over rejected answers; `kto` learns from single answers marked desirable or undesirable; `grpo` learns from
+rewards on its own completions. `train(cfg)` runs the recipe cfg.stage names (its row in roctune.stages);
+`prepare(cfg)` checks every input before anything loads or is written."""
 from __future__ import annotations
 
 import logging
@@ -59,7 +60,8 @@ def prepare(cfg, check_output: bool = True):
 # change (a larger --max-steps continues a finished run).
 RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
                 "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
-                "rope_scaling", "truncation", "pref_loss", "label_smoothing", "simpo_gamma",
+                "rope_scaling", "truncation", "pref_loss", "label_smoothing", "simpo_gamma", "desirable_weight",
+                "undesirable_weight",
                 "seed", "batch_size", "grad_accum", "num_generations")
 
 

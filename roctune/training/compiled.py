@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 AUTO_MIN_STEPS = 200
 # recipes whose training forward only sees full sequences; GRPO also generates token by token through the same
 # layers (a new shape every token: compiled code would chase it), so auto leaves it eager.
-AUTO_RECIPES = ("sft", "pt", "dpo")
+AUTO_RECIPES = ("sft", "pt", "dpo", "kto")
 
 
 @dataclass(frozen=True)

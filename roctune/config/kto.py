@@ -1,0 +1,25 @@
+"""--stage kto's loss weights (roctune.training.kto_loss; TRL's KTOConfig names and defaults) and their check."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from roctune.config.schema import flag, setting
+from roctune.errors import ConfigError
+
+
+@dataclass
+class KtoSettings:
+    desirable_weight: float = setting(1.0, "kto: weight of the desirable examples' loss (the KTO paper advises "
+                                      "desirable-weight x desirable / (undesirable-weight x undesirable) in "
+                                      "[1, 4/3])", gt=0, group="model",
+                zh=("好样本权重", "kto：好（desirable）样本损失的权重（KTO 论文建议 好样本权重 x 好样本数 / (坏样本权重 x 坏样本数) 在 [1, 4/3] 之间）"))
+    undesirable_weight: float = setting(1.0, "kto: weight of the undesirable examples' loss", gt=0, group="model",
+                zh=("坏样本权重", "kto：坏（undesirable）样本损失的权重"))
+
+    def _check_kto(self) -> None:
+        """--desirable-weight and --undesirable-weight are --stage kto's."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = [n for n in ("desirable_weight", "undesirable_weight") if getattr(self, n) != defaults[n]]
+        if changed and self.stage != "kto":
+            raise ConfigError(f"{flag(changed[0])} weighs the loss of --stage kto; drop it for --stage {self.stage}")
