@@ -29,6 +29,7 @@ class Stage:
     truncation: bool = False  # --truncation left|split (the others keep prompts and answers whole)
     sequence_parallel: bool = False  # --sequence-parallel N
     fsdp: bool = True  # --fsdp (GRPO samples with the whole model in each process)
+    samples: bool = False  # generates token by token while training (--compile auto leaves such a stage eager)
 
     def load_reader(self):
         module, function = self.reader.split(":")
@@ -51,7 +52,7 @@ ROWS = (
           "单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag",
           "roctune.data.kto:load_examples", "roctune.recipes.kto"),
     Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
-          "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False),
+          "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False, samples=True),
 )
 STAGES = {s.name: s for s in ROWS}
 NAMES = tuple(STAGES)

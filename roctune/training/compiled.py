@@ -30,15 +30,17 @@ import functools
 import logging
 from dataclasses import dataclass
 
+from roctune.stages import ROWS
+
 log = logging.getLogger(__name__)
 
 # --compile auto compiles on a GPU when the run has at least this many optimizer steps: the compile takes
 # ~10-60 s, a step of a small model on a GPU well under a second, so shorter runs would spend more time compiling
 # than the compiled steps save.
 AUTO_MIN_STEPS = 200
-# recipes whose training forward only sees full sequences; GRPO also generates token by token through the same
-# layers (a new shape every token: compiled code would chase it), so auto leaves it eager.
-AUTO_RECIPES = ("sft", "pt", "dpo", "kto")
+# recipes whose training forward only sees full sequences; a stage that also generates token by token through the
+# same layers (GRPO: a new shape every token, compiled code would chase it) is left eager by auto.
+AUTO_RECIPES = tuple(s.name for s in ROWS if not s.samples)
 
 
 @dataclass(frozen=True)
