@@ -6,12 +6,12 @@ import json
 import os
 import socket
 import time
-from contextlib import suppress
-from typing import Any
+from contextlib import contextmanager, suppress
+from typing import Any, Iterator
 
 from roctune.errors import RoctuneError
 from roctune.rundir.atomic import atomic_write_text, pid_alive
-from roctune.rundir.layout import MODEL_CONFIG, RUN_FILE, STATUS_FILE, has_adapter
+from roctune.rundir.layout import MODEL_CONFIG, RUN_FILE, STATUS_FILE, has_adapter, is_run_dir
 from roctune.rundir.metrics import is_number, read_metrics
 from roctune.rundir.run_yaml import read_run, total_steps
 
@@ -84,3 +84,43 @@ def summary(run_dir: str) -> dict:
             "eval_loss": evals[-1]["eval_loss"] if evals else None,
             "method": doc["config"].get("method") or ("lora" if has_adapter(run_dir) else None),
             "stage": doc["config"].get("stage"), "base_model": doc.get("base_model"), "updated": updated}
+
+
+@contextmanager
+def running(run_dir: str) -> Iterator[dict]:
+    """status.json kept for one run around the block that trains it: made (with the folder) before anything
+    loads, so a reader sees the run from its first moment, and ended as done (with the fields the block put in the
+    dict it gets, e.g. step), stopped (Ctrl-C, SIGTERM) or failed (with the error). A run that ends before its first
+    step (a refused --resume, a model that does not load) has changed nothing, and leaves nothing: the status.json
+    that was there is put back, and a folder made for it is removed again. A new run that fails after writing
+    run.yaml but before saving anything (a reward file failing at step 1) is recorded as failed, with its error for
+    the web UI; the same command then starts it again (check_new_output: it has nothing to continue or lose)."""
+    made = not os.path.isdir(run_dir)
+    fresh = made or not os.listdir(run_dir)  # a new run (--overwrite builds one in a new staging folder)
+    os.makedirs(run_dir, exist_ok=True)
+    path = status_path(run_dir)
+    previous = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
+    write_status(run_dir, "starting", fresh=True, started=round(time.time(), 3))
+    end: dict = {}
+    try:
+        yield end
+    except BaseException as e:
+        early = (read_status(run_dir) or {}).get("phase") in ("starting", "tokenizing", "loading")
+        if early and not (fresh and is_run_dir(run_dir)):  # this run wrote nothing yet
+            _put_back(run_dir, previous, made)
+        elif isinstance(e, KeyboardInterrupt):
+            write_status(run_dir, "stopped")
+        else:
+            write_status(run_dir, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+        raise
+    write_status(run_dir, "done", eta_s=0, **end)
+
+
+def _put_back(run_dir: str, previous: str | None, made: bool) -> None:
+    """The status.json a run found (or none, and no folder if the run made it and left nothing else there)."""
+    if previous is not None:
+        atomic_write_text(status_path(run_dir), previous)
+        return
+    os.unlink(status_path(run_dir))
+    if made and not os.listdir(run_dir):
+        os.rmdir(run_dir)
