@@ -29,7 +29,7 @@ One module per job; this package re-exports their public names, so `rundir.X` re
 - output: whether a command may write where it was told (a new run, --resume, --overwrite, an output file);
 - lock: claiming an output folder for one run (its lock, and the staging folder of --overwrite);
 - run_yaml: run.yaml and what later commands read from it; adapter: checks of a LoRA adapter's files;
-- metrics: metrics.jsonl and loss.png; status: status.json and a run's state;
+- metrics: metrics.jsonl and loss.png; status: status.json, a run's state, and running() that keeps it for a run;
 - checkpoints: checkpoint-N/ and best/; tensors: the training state as safetensors + JSON.
 """
 from __future__ import annotations
