@@ -401,7 +401,7 @@ def _bench(w: Workload, attns: list[str], baseline: bool, json_out: str | None, 
         result["compiled_speedup"] = comp["tokens_per_s"] / eager["tokens_per_s"]
         result["compiled_max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(comp["losses"], eager["losses"]))
     if json_out:
-        from roctune.rundir import atomic_write_text
+        from roctune.rundir.atomic import atomic_write_text
 
         atomic_write_text(json_out, json.dumps(result, indent=2))
     return result

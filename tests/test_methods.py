@@ -45,7 +45,7 @@ def test_freeze_trains_exactly_the_chosen_parameters(tiny_model_dir, alpaca_file
     assert not (out / "adapter_config.json").exists()
     # the run dir is a plain model: transformers and roctune's inference load it directly
     from roctune.generate import load_for_inference
-    from roctune.rundir import method as run_method
+    from roctune.rundir.run_yaml import method as run_method
 
     assert run_method(str(out)) == "freeze"
     loaded = load_for_inference(adapter=str(out), device="cpu")

@@ -437,8 +437,8 @@ def test_trainer_writes_its_status_through_the_run_directory(tiny_model_dir, alp
     from tests.test_train import tiny_cfg
 
     phases = []
-    write = rundir.write_status
-    monkeypatch.setattr(rundir, "write_status", lambda d, p, **kw: (phases.append(p), write(d, p, **kw))[1])
+    write = rundir.status.write_status  # every writer (recipes.train, session, the loop) calls it through its module
+    monkeypatch.setattr(rundir.status, "write_status", lambda d, p, **kw: (phases.append(p), write(d, p, **kw))[1])
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model_dir, alpaca_file, out), log=lambda s: None, progress=False)
     assert phases[:3] == ["starting", "tokenizing", "loading"] and phases[-2:] == ["saving", "done"]

@@ -36,7 +36,7 @@ def check_args(args) -> list[str]:
 
     from roctune.config import TrainConfig, check_number, check_settings, check_value
     from roctune.errors import ConfigError
-    from roctune.rundir import check_output_file
+    from roctune.rundir.output import check_output_file
 
     check_settings(args, ("batch_size", "grad_accum", "max_length", "lora_r", "lora_alpha", "lora_dropout", "lr",
                           "seed"))

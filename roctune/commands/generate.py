@@ -92,7 +92,7 @@ def run(args) -> int:
         raise RoctuneError("--output needs --input")
     check_inference_args(args)
     if args.output:
-        from roctune.rundir import check_output_file
+        from roctune.rundir.output import check_output_file
 
         check_output_file(args.output, "--output", args.overwrite, (args.input,))
     convs = read_prompts(args.input) if args.input else [[{"role": "user", "content": args.prompt}]]
@@ -111,7 +111,7 @@ def run(args) -> int:
             base += generate(loaded, chunk, use_adapter=False, **kw)
     prompts = [c[-1]["content"] for c in convs]
     if args.output:
-        from roctune.rundir import atomic_write_text
+        from roctune.rundir.atomic import atomic_write_text
 
         rows = [{"prompt": p, "answer": tuned[i], **({"base_answer": base[i]} if args.compare else {})}
                 for i, p in enumerate(prompts)]

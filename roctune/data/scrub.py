@@ -12,7 +12,7 @@ from roctune.data.readers import csv_delimiter, fast_jsonl_object, file_kind, it
 from roctune.data.writers import RecordWriter, atomic_path, same_file
 from roctune.errors import DataError
 from roctune.progress import Meter
-from roctune.rundir import check_output_file
+from roctune.rundir.output import check_output_file
 
 
 def _scrub_jsonl(inp: str, tmp: str, scrubber: Scrubber, meter: Meter) -> tuple[int, int]:

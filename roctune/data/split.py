@@ -12,7 +12,7 @@ from roctune.data.readers import csv_delimiter
 from roctune.data.records import ErrorLimit, iter_examples
 from roctune.data.writers import RecordWriter, atomic_path, output_kind, same_file
 from roctune.errors import ConfigError, DataError
-from roctune.rundir import check_output_file
+from roctune.rundir.output import check_output_file
 
 
 def split_eval(items, eval_ratio: float, seed: int) -> tuple:

@@ -117,57 +117,11 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
             log(f"--overwrite: building the new run in {folder}; it replaces {target} only once complete")
         cfg.output = folder
         try:
-            summary = _run_with_status(recipe, cfg, records, eval_records, base_model, log, progress)
+            with rundir.status.running(folder) as end:  # status.json: starting ... done, failed or stopped
+                summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
+                end["step"] = summary.get("steps")
         finally:
             cfg.output = target
     if folder != target:
         log(f"--overwrite: the new run replaced the previous one in {target}")
     return {**summary, "output": target}
-
-
-def _run_with_status(recipe, cfg, records, eval_records, base_model, log, progress) -> dict:
-    """recipe.run with the run directory's status.json kept (rundir.write_status): made with the folder before
-    anything loads, so a reader sees the run from its first moment, and ended as done, stopped (Ctrl-C, SIGTERM)
-    or failed (with the error). A run that ends before its first step (a refused --resume, a model that does not
-    load) has changed nothing, and leaves nothing: the status.json that was there is put back, and a folder made
-    for it is removed again. A new run that fails after writing run.yaml but before saving anything (a reward file
-    failing at step 1) is recorded as failed, with its error for the web UI; the same command then starts it
-    again (rundir.check_new_output: such a run has nothing to continue or lose)."""
-    import os
-    import time
-
-    from roctune import rundir
-
-    made = not os.path.isdir(cfg.output)
-    fresh = made or not os.listdir(cfg.output)  # a new run (--overwrite builds one in a new staging folder)
-    os.makedirs(cfg.output, exist_ok=True)
-    path = rundir.status_path(cfg.output)
-    previous = open(path, encoding="utf-8").read() if os.path.isfile(path) else None
-    rundir.write_status(cfg.output, "starting", fresh=True, started=round(time.time(), 3))
-    try:
-        summary = recipe.run(cfg, records, eval_records, base_model, log, progress)
-    except BaseException as e:
-        early = (rundir.read_status(cfg.output) or {}).get("phase") in ("starting", "tokenizing", "loading")
-        if early and not (fresh and rundir.is_run_dir(cfg.output)):  # this run wrote nothing yet
-            _put_back(cfg.output, previous, made)
-        elif isinstance(e, KeyboardInterrupt):
-            rundir.write_status(cfg.output, "stopped")
-        else:
-            rundir.write_status(cfg.output, "failed", error=f"{type(e).__name__}: {e}"[:2000])
-        raise
-    rundir.write_status(cfg.output, "done", step=summary.get("steps"), eta_s=0)
-    return summary
-
-
-def _put_back(folder: str, previous: str | None, made: bool) -> None:
-    """The status.json a run found (or none, and no folder if the run made it and left nothing else there)."""
-    import os
-
-    from roctune import rundir
-
-    if previous is not None:
-        rundir.atomic_write_text(rundir.status_path(folder), previous)
-        return
-    os.unlink(rundir.status_path(folder))
-    if made and not os.listdir(folder):
-        os.rmdir(folder)

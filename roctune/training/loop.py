@@ -262,8 +262,8 @@ class _State:
             return
         self.status_at = now
         eta = (now - t_start) / max(1, done - start) * (total - done)
-        rundir.write_status(self.cfg.output, phase, step=done, total=total, eta_s=round(eta, 1),
-                            metrics={k: v for k, v in row.items() if isinstance(v, (int, float)) and v == v})
+        rundir.status.write_status(self.cfg.output, phase, step=done, total=total, eta_s=round(eta, 1),
+                                   metrics={k: v for k, v in row.items() if isinstance(v, (int, float)) and v == v})
 
     def after_eval(self, model, row: dict, say) -> bool:
         """Keep the best weights (with --early-stopping-patience or --load-best); True when training should stop:

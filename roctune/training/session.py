@@ -96,7 +96,7 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
 def phase(cfg, dist: Context, name: str) -> None:
     """Record what the run is doing in its status.json (the first process; recipes.train made the folder)."""
     if dist.is_main and os.path.isdir(cfg.output):
-        rundir.write_status(cfg.output, name)
+        rundir.status.write_status(cfg.output, name)
 
 
 def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: str, cache_with=None,

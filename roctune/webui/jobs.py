@@ -69,7 +69,7 @@ def write_settings(cfg, folder: str) -> str:
     """Write `cfg`'s settings into folder/settings.yaml and read the file back the way `roctune train --config`
     does: the trainer gets exactly these settings, or the start is refused (a value YAML could not carry)."""
     from roctune.config import from_sources
-    from roctune.rundir import atomic_write_text
+    from roctune.rundir.atomic import atomic_write_text
 
     path = os.path.join(folder, SETTINGS_NAME)
     atomic_write_text(path, settings_yaml(cfg))

@@ -8,7 +8,8 @@ import os
 import time
 from types import SimpleNamespace
 
-from roctune.rundir import read_metrics, read_status
+from roctune.rundir.metrics import read_metrics
+from roctune.rundir.status import read_status
 from roctune.webui.html import box, error_line, esc, gib, guard, in_language
 from roctune.webui.i18n import t
 from roctune.webui.jobs import TrainJob, cli_error, command_text, settings_yaml, train_argv
@@ -75,7 +76,7 @@ def progress_text(status: dict | None, job: TrainJob | None = None) -> str:
 
 def live_dir(output: str) -> str:
     """Where a run being written lives: the staging folder of an --overwrite (rundir.claim) until it is swapped in."""
-    from roctune.rundir import staging_path
+    from roctune.rundir.lock import staging_path
 
     staging = staging_path(output)
     return staging if os.path.isdir(staging) else output

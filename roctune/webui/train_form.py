@@ -125,7 +125,7 @@ def fill_config(values: dict[str, Any], ws):
 def form_config(values: dict[str, Any], ws):
     """`fill_config`, then the checks `roctune train` makes before loading anything, so that a mistake shows at
     once instead of after a process start: the same code raises the same message."""
-    from roctune.rundir import check_new_output
+    from roctune.rundir.output import check_new_output
 
     cfg, trust = fill_config(values, ws)
     cfg.validate()

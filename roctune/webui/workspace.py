@@ -148,7 +148,7 @@ class Workspace:
         the bundled model, a hub id, a model in the hub cache or a folder inside the root."""
         real = self.path(text, what)
         from roctune.errors import RoctuneError
-        from roctune.rundir import read_run
+        from roctune.rundir.run_yaml import read_run
 
         try:
             base = read_run(real).get("base_model") if os.path.isdir(real) else None
