@@ -60,3 +60,15 @@ def test_every_module_has_a_layer_and_imports_point_down():
                 if RANK.get(other, 0) > RANK[mine]:
                     problems.append(f"{rel}.py:{line} imports {target} from a higher layer")
     assert not problems, "\n".join(problems)
+
+
+def test_every_module_fits_500_lines():
+    """A module holds one job: past 500 lines it holds several (split it, as rundir/ and config/ are split)."""
+    long = []
+    for folder, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                n = sum(1 for _ in open(os.path.join(folder, f), encoding="utf-8"))
+                if n > 500:
+                    long.append(f"{os.path.relpath(os.path.join(folder, f), ROOT)}: {n} lines")
+    assert not long, "\n".join(long)
