@@ -225,3 +225,13 @@ def test_pull_reports_byte_progress_to_a_callback(hub, tmp_path):
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     pulled = sum(len(d) for n, d in hub.files.items() if n != "pytorch_model.bin")
     assert seen[-1] == [pulled, pulled] and all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
+
+
+def test_the_catalog_lists_only_supported_families_with_the_tutorials_models_first():
+    from roctune.catalog import CATALOG
+    from roctune.families import FAMILIES
+
+    known = {f.name for f in FAMILIES}
+    assert all(m.family in known for m in CATALOG), [m.id for m in CATALOG if m.family not in known]
+    assert [m.id for m in CATALOG[:4]] == [f"Qwen/Qwen2.5-{s}-Instruct" for s in ("0.5B", "1.5B", "3B", "7B")]
+    assert len({m.id.lower() for m in CATALOG}) == len(CATALOG)
