@@ -34,7 +34,7 @@ def pull(model_id: str, progress: Progress | None = None) -> str:
         entry = None if model_id.strip().lower().startswith(MODELSCOPE_PREFIX) else catalog_entry(repo_id)
         source = entry.modelscope if entry and entry.modelscope else repo_id
         _modelscope_download(source, target, progress)
-        endpoint = os.environ.get("MODELSCOPE_DOMAIN") or "modelscope.cn"
+        endpoint = os.environ.get("MODELSCOPE_ENDPOINT") or "modelscope.cn"
     else:
         source, endpoint = repo_id, _hf_endpoint()
         _hf_download(repo_id, target, progress)
@@ -65,8 +65,13 @@ def _hf_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT).rstrip("/")
 
 
-def unreachable(where: str, reason: str) -> ModelError:
-    return ModelError(f"{where}: the model hub cannot be reached ({reason}); {MIRROR_HINT}", exit_code=1)
+def unreachable(where: str, reason: str, hint: str = MIRROR_HINT) -> ModelError:
+    return ModelError(f"{where}: the model hub cannot be reached ({reason}); {hint}", exit_code=1)
+
+
+# Where ModelScope is the hub that cannot be reached, the way out is Hugging Face or its mirror.
+MODELSCOPE_HINT = ("use Hugging Face or its mirror (unset ROCTUNE_HUB; HF_ENDPOINT=https://hf-mirror.com), or a model "
+                   "folder on disk (--model /path)")
 
 
 def _hf_download(repo_id: str, target: str, progress: Progress | None) -> None:
@@ -111,8 +116,7 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 def _reason(e: BaseException) -> str:
     """The first line of the root cause (a refused connection, a DNS failure, a timeout)."""
-    while e.__cause__ is not None:
-        e = e.__cause__
+    e = _causes(e)[-1]
     text = str(e).splitlines()[0][:120] if str(e) else ""
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
@@ -138,21 +142,67 @@ def _progress_class(progress: Progress):
 
 
 def _modelscope_download(repo_id: str, target: str, progress: Progress | None) -> None:
+    """ModelScope's own snapshot_download (it keeps a stopped file as .incomplete and resumes it with a Range
+    request; MODELSCOPE_ENDPOINT points it at another server)."""
     try:
         from modelscope.hub.snapshot_download import snapshot_download
     except ImportError:
         raise ModelError("ModelScope downloads need the modelscope package: pip install modelscope", exit_code=1) \
             from None
+    import logging
+
+    where = os.environ.get("MODELSCOPE_ENDPOINT") or "https://www.modelscope.cn"
+    loggers = [logging.getLogger(n) for n in ("modelscope", "modelscope_hub")]
+    levels = [log.level for log in loggers]
+    for log in loggers:  # its retry warnings and per-file errors: the one line below says what happened
+        log.setLevel(logging.CRITICAL)
     try:
-        snapshot_download(repo_id, local_dir=target, allow_patterns=ALLOW_PATTERNS)
-    except ModelError:
-        raise
-    except Exception as e:  # noqa: BLE001 - modelscope raises requests' and its own errors for a missing id or
-        # a dead network alike; the first line of its message says which
+        snapshot_download(repo_id=repo_id, local_dir=target, allow_patterns=ALLOW_PATTERNS,
+                          progress_callbacks=_modelscope_callbacks(progress) if progress else None)
+    except Exception as e:  # noqa: BLE001 - modelscope raises requests' and its own errors; sorted by their causes
+        causes = _causes(e)
+        if any(type(c).__name__ == "NotExistError" for c in causes):
+            raise ModelError(f"modelscope:{repo_id}: no such model on {where}; check the id (roctune models list)") \
+                from None
+        if any(isinstance(c, (ConnectionError, TimeoutError)) or type(c).__name__ in ("ConnectionError", "Timeout")
+               for c in causes):
+            raise unreachable(where, _reason(e), MODELSCOPE_HINT) from None
         text = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise ModelError(f"modelscope:{repo_id}: the download failed ({text}); check the id, or use Hugging Face "
-                         "(unset ROCTUNE_HUB, HF_ENDPOINT=https://hf-mirror.com) or a model folder on disk "
-                         "(--model /path)", exit_code=1) from None
+        raise ModelError(f"modelscope:{repo_id}: the download from {where} failed ({text}); check the id, or "
+                         + MODELSCOPE_HINT, exit_code=1) from None
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    seen = [e]
+    while (nxt := seen[-1].__cause__ or seen[-1].__context__) is not None and nxt not in seen:
+        seen.append(nxt)
+    return seen
+
+
+def _modelscope_callbacks(progress: Progress) -> list:
+    """ModelScope's terminal bars, and one more callback summing every file's bytes into `progress`."""
+    import threading
+
+    from modelscope.hub.callback import ProgressCallback, TqdmCallback
+
+    lock, state = threading.Lock(), {"done": 0, "total": 0}
+
+    class Reporting(ProgressCallback):
+        def __init__(self, filename: str, file_size: int):
+            super().__init__(filename, file_size)
+            with lock:
+                state["total"] += int(file_size or 0)
+
+        def update(self, size: int) -> None:
+            with lock:
+                state["done"] += int(size)
+                done, total = state["done"], state["total"]
+            progress(done, total)
+
+    return [TqdmCallback, Reporting]
 
 
 def _finish(target: str, model_id: str, hub: str, source: str, endpoint: str) -> None:

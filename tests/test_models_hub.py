@@ -1,6 +1,7 @@
 """`roctune models pull` against a local server that speaks the Hugging Face hub's HTTP layout (the repo info and
 tree API, and /resolve/ with the headers huggingface_hub reads: X-Repo-Commit, ETag, Content-Length, Range), so
-huggingface_hub's own snapshot_download runs with HF_ENDPOINT=http://127.0.0.1:PORT. The pulls run as the CLI, in
+huggingface_hub's own snapshot_download runs with HF_ENDPOINT=http://127.0.0.1:PORT; and ModelScope's (its file
+list and ?FilePath= downloads, MODELSCOPE_ENDPOINT=http://127.0.0.1:PORT) when the modelscope package is installed. The pulls run as the CLI, in
 a subprocess: huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE (which conftest sets) once, at import."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -54,8 +56,18 @@ class Hub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def serve(self, h, body: bool) -> None:
-        path = h.path.split("?")[0]
+        path, _, query = h.path.partition("?")
         api, resolve = f"/api/models/{REPO_ID}/", f"/{REPO_ID}/resolve/"
+        modelscope = f"/api/v1/models/{REPO_ID}/repo"  # ModelScope's layout: the file list, then ?FilePath=NAME
+        if path == modelscope + "/files":
+            files = [{"Path": n, "Name": n, "Type": "blob", "Size": len(d), "Sha256": hashlib.sha256(d).hexdigest()}
+                     for n, d in self.files.items()]
+            return self.send(h, 200, json.dumps({"Code": 200, "Data": {"Files": files}, "Success": True}).encode(),
+                             body)
+        name = parse_qs(query).get("FilePath", [""])[0]
+        if path == modelscope and name in self.files:
+            self.requests.append((h.command, name, h.headers.get("Range")))
+            return self.send_file(h, name, body)
         if path.startswith(api + "revision/"):
             return self.send(h, 200, json.dumps({"id": REPO_ID, "sha": SHA, "private": False,
                                                  "siblings": [{"rfilename": n} for n in self.files]}).encode(), body)
@@ -115,7 +127,7 @@ def hub(tiny_repo):
 
 def roctune(home: str, *args: str, endpoint: str, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "ROCTUNE_HUB"}
-    environment = {**environment, "PYTHONPATH": REPO, "ROCTUNE_HOME": home, "HF_ENDPOINT": endpoint,
+    environment = {**environment, "PYTHONPATH": os.pathsep.join(filter(None, (REPO, os.environ.get("PYTHONPATH")))), "ROCTUNE_HOME": home, "HF_ENDPOINT": endpoint,
                    "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HOME": os.path.join(home, "hf"),
                    "OMP_NUM_THREADS": "1", **env}
     return subprocess.run([sys.executable, "-m", "roctune", *args], env=environment, capture_output=True, text=True,
@@ -205,7 +217,38 @@ def test_unknown_repository_and_bad_id_are_one_line(hub, tmp_path):
     assert bad.returncode != 0 and "not a hub id" in bad.stderr and not os.path.exists(os.path.join(home, "models"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("modelscope") is not None, reason="modelscope is installed here")
+HAS_MODELSCOPE = importlib.util.find_spec("modelscope") is not None
+
+
+@pytest.mark.skipif(not HAS_MODELSCOPE, reason="the modelscope package is not installed (pip install modelscope)")
+def test_modelscope_pull_lands_resumes_and_counts_as_the_same_model(hub, tmp_path):
+    hub.drop_once = True
+    home = str(tmp_path / "home")
+    r = roctune(home, "models", "pull", f"modelscope:{REPO_ID}", endpoint="http://127.0.0.1:9",
+                MODELSCOPE_ENDPOINT=hub.url)
+    assert r.returncode == 0, r.stderr
+    folder = os.path.join(home, "models", "tiny-org--tiny-llama")
+    with open(os.path.join(folder, WEIGHTS), "rb") as f:
+        assert f.read() == hub.files[WEIGHTS]
+    ranges = [rng for method, name, rng in hub.requests if method == "GET" and name == WEIGHTS]
+    assert ranges[0] is None and any(rng and rng.startswith("bytes=") and not rng.startswith("bytes=0-")
+                                     for rng in ranges[1:]), ranges
+    assert not any(name == "pytorch_model.bin" for _, name, _ in hub.requests)
+    with open(os.path.join(folder, "roctune_pulled.json"), encoding="utf-8") as f:
+        assert json.load(f)["hub"] == "modelscope"
+    again = roctune(home, "models", "pull", REPO_ID, endpoint="http://127.0.0.1:9")  # no network needed now
+    assert again.returncode == 0 and "already downloaded" in again.stdout
+
+
+@pytest.mark.skipif(not HAS_MODELSCOPE, reason="the modelscope package is not installed (pip install modelscope)")
+def test_modelscope_unreachable_is_one_line(tmp_path):
+    r = roctune(str(tmp_path), "models", "pull", REPO_ID, endpoint="http://127.0.0.1:9", ROCTUNE_HUB="modelscope",
+                MODELSCOPE_ENDPOINT="http://127.0.0.1:9")
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "http://127.0.0.1:9: the model hub cannot be reached" in r.stderr and "--model /path" in r.stderr
+
+
+@pytest.mark.skipif(HAS_MODELSCOPE, reason="modelscope is installed here")
 def test_modelscope_without_its_package_says_how_to_install_it(tmp_path):
     r = roctune(str(tmp_path), "models", "pull", "modelscope:Qwen/Qwen2.5-0.5B-Instruct", endpoint="http://127.0.0.1:9")
     assert r.returncode != 0 and r.stderr.strip().endswith("pip install modelscope")
