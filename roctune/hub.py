@@ -13,8 +13,8 @@ from typing import Callable
 
 from roctune.catalog import CATALOG, CatalogModel, catalog_entry
 from roctune.errors import ModelError
-from roctune.models import (ALLOW_PATTERNS, MARKER, MIRROR_HINT, MODELSCOPE_PREFIX, check_model_files, local_dir,
-                            pulled_dir, roctune_home, split_hub)
+from roctune.models import (ALLOW_PATTERNS, MARKER, MIRROR_HINT, MODELSCOPE_PREFIX, PULLING, check_model_files,
+                            local_dir, pulled_dir, roctune_home, split_hub)
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -30,6 +30,17 @@ def pull(model_id: str, progress: Progress | None = None) -> str:
         return done
     hub, repo_id = split_hub(model_id)
     target = local_dir(model_id)
+    os.makedirs(target, exist_ok=True)
+    open(os.path.join(target, PULLING), "w").close()  # removed by _finish: until then pickers skip the folder
+    try:
+        _download(model_id, hub, repo_id, target, progress)
+    except BaseException:
+        _drop_if_empty(target)
+        raise
+    return target
+
+
+def _download(model_id: str, hub: str, repo_id: str, target: str, progress: Progress | None) -> None:
     if hub == "modelscope":
         entry = None if model_id.strip().lower().startswith(MODELSCOPE_PREFIX) else catalog_entry(repo_id)
         source = entry.modelscope if entry and entry.modelscope else repo_id
@@ -39,7 +50,15 @@ def pull(model_id: str, progress: Progress | None = None) -> str:
         source, endpoint = repo_id, _hf_endpoint()
         _hf_download(repo_id, target, progress)
     _finish(target, model_id, hub, source, endpoint)
-    return target
+
+
+def _drop_if_empty(target: str) -> None:
+    """A pull that got no file at all leaves no folder behind (only its PULLING mark and the hub's metadata)."""
+    import shutil
+
+    names = set(os.listdir(target)) if os.path.isdir(target) else set()
+    if names <= {PULLING, ".cache", "._____temp"}:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def listing() -> list[tuple[str, CatalogModel | None, str | None]]:
@@ -75,17 +94,25 @@ MODELSCOPE_HINT = ("use Hugging Face or its mirror (unset ROCTUNE_HUB; HF_ENDPOI
 
 
 def _hf_download(repo_id: str, target: str, progress: Progress | None) -> None:
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.utils import filter_repo_objects
 
     endpoint = _hf_endpoint()
     if constants.HF_HUB_OFFLINE:
         raise ModelError(f"{repo_id}: downloads are switched off (HF_HUB_OFFLINE=1); unset it, or "
                          "use a model folder on disk (--model /path)", exit_code=1)
     try:
-        snapshot_download(repo_id, local_dir=target, allow_patterns=ALLOW_PATTERNS,
+        # The file list first, from the hub itself: snapshot_download hands back an existing local_dir as it is
+        # when the hub does not answer, so what it returns is checked against this list.
+        info = HfApi(endpoint=endpoint).model_info(repo_id, revision="main")
+        snapshot_download(repo_id, revision=info.sha, local_dir=target, allow_patterns=ALLOW_PATTERNS,
                           tqdm_class=_progress_class(progress) if progress else None)
+        expected = filter_repo_objects([s.rfilename for s in info.siblings or []], allow_patterns=ALLOW_PATTERNS)
+        missing = [name for name in expected if not os.path.isfile(os.path.join(target, name))]
+        if missing:
+            raise unreachable(endpoint, f"{len(missing)} file(s) did not arrive, e.g. {missing[0]}")
     except GatedRepoError:
         raise ModelError(f"{repo_id}: the model is gated on the hub: accept its licence on its page and log in "
                          "(`hf auth login`), or use ModelScope (ROCTUNE_HUB=modelscope)") from None
@@ -219,3 +246,4 @@ def _finish(target: str, model_id: str, hub: str, source: str, endpoint: str) ->
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"id": model_id, "hub": hub, "source": source, "endpoint": endpoint, "files": files}, f, indent=1)
     os.replace(tmp, os.path.join(target, MARKER))
+    os.remove(os.path.join(target, PULLING))

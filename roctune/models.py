@@ -179,6 +179,7 @@ def check_no_pickle_only(folder: str) -> None:
 # Models pulled from a hub (roctune.hub) live in $ROCTUNE_HOME/models/<org>--<name>; a folder counts as downloaded
 # only when MARKER, written last, is there. Resolving a pulled id needs no network.
 MARKER = "roctune_pulled.json"
+PULLING = ".roctune_pulling"  # there from a pull's start until MARKER is written: the folder is not a model yet
 MODELSCOPE_PREFIX = "modelscope:"
 # The files a model needs: config, weights (safetensors only: a pickle can run code), tokenizer, chat template.
 ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*"]
@@ -229,6 +230,9 @@ def resolve_model(name: str | None) -> str:
     if os.path.isdir(expanded):
         if not os.path.isfile(os.path.join(expanded, "config.json")):
             raise ModelError(f"{name}: directory has no config.json; point --model at a transformers model directory")
+        if os.path.isfile(os.path.join(expanded, PULLING)):
+            raise ModelError(f"{name}: this download has not finished; run `roctune models pull ID` again to "
+                             "complete it")
         check_model_files(expanded)
         return os.path.abspath(expanded)
     if expanded.startswith((".", "/", "~")) or os.sep in expanded and expanded.count("/") != 1:

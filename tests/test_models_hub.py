@@ -184,7 +184,18 @@ def test_a_stopped_pull_is_not_a_model_and_the_next_pull_completes_it(hub, tmp_p
     assert pulled_dir(REPO_ID) is None
     with pytest.raises(ModelError):  # the half-pulled folder is not taken for the model
         resolve_model(REPO_ID)
+    assert os.path.isfile(os.path.join(folder, "config.json"))  # a file it did get...
+    with pytest.raises(ModelError, match="has not finished"):  # ...is no model folder to pass as --model
+        resolve_model(folder)
+    from roctune.webui import picks
+    from roctune.webui.workspace import Workspace
+
+    assert folder not in picks.models(Workspace(str(tmp_path)))  # nor one the web UI offers
     assert "tiny-org/tiny-llama  " not in roctune(home, "models", "list", endpoint=hub.url).stdout.replace(" no ", "")
+
+    offline = roctune(home, "models", "pull", REPO_ID, endpoint="http://127.0.0.1:9")  # the partial folder on disk
+    assert offline.returncode != 0 and "cannot be reached" in offline.stderr  # is not handed back as the model
+    assert pulled_dir(REPO_ID) is None and os.path.isfile(os.path.join(folder, "config.json"))
 
     hub.fail_weights = False
     again = roctune(home, "models", "pull", REPO_ID, endpoint=hub.url)
@@ -206,7 +217,7 @@ def test_unreachable_hub_is_one_line_with_the_mirror_and_nothing_counts_as_downl
     assert len(lines) == 1, r.stderr
     assert "cannot be reached" in lines[0] and "HF_ENDPOINT=https://hf-mirror.com" in lines[0]
     assert "ROCTUNE_HUB=modelscope" in lines[0] and "--model /path" in lines[0]
-    assert not os.path.exists(os.path.join(home, "models", "Qwen--Qwen2.5-0.5B-Instruct", "roctune_pulled.json"))
+    assert not os.path.exists(os.path.join(home, "models", "Qwen--Qwen2.5-0.5B-Instruct"))  # nothing left behind
 
 
 def test_unknown_repository_and_bad_id_are_one_line(hub, tmp_path):
@@ -214,7 +225,8 @@ def test_unknown_repository_and_bad_id_are_one_line(hub, tmp_path):
     r = roctune(home, "models", "pull", "tiny-org/no-such-model", endpoint=hub.url)
     assert r.returncode != 0 and "no such model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = roctune(home, "models", "pull", "../evil", endpoint=hub.url)
-    assert bad.returncode != 0 and "not a hub id" in bad.stderr and not os.path.exists(os.path.join(home, "models"))
+    assert bad.returncode != 0 and "not a hub id" in bad.stderr
+    assert os.listdir(os.path.join(home, "models")) == []  # neither pull left a folder behind
 
 
 HAS_MODELSCOPE = importlib.util.find_spec("modelscope") is not None
