@@ -53,11 +53,13 @@ def _download(model_id: str, hub: str, repo_id: str, target: str, progress: Prog
 
 
 def _drop_if_empty(target: str) -> None:
-    """A pull that got no file at all leaves no folder behind (only its PULLING mark and the hub's metadata)."""
+    """A pull that got no file at all leaves no folder behind (only its PULLING mark and the hub's metadata); a
+    partial file a hub library keeps to resume from (*.incomplete) keeps the folder."""
     import shutil
 
     names = set(os.listdir(target)) if os.path.isdir(target) else set()
-    if names <= {PULLING, ".cache", "._____temp"}:
+    partial = any(f.endswith(".incomplete") for _, _, files in os.walk(target) for f in files)
+    if names <= {PULLING, ".cache", "._____temp"} and not partial:
         shutil.rmtree(target, ignore_errors=True)
 
 
@@ -108,7 +110,7 @@ def _hf_download(repo_id: str, target: str, progress: Progress | None) -> None:
         # when the hub does not answer, so what it returns is checked against this list.
         info = HfApi(endpoint=endpoint).model_info(repo_id, revision="main")
         snapshot_download(repo_id, revision=info.sha, local_dir=target, allow_patterns=ALLOW_PATTERNS,
-                          tqdm_class=_progress_class(progress) if progress else None)
+                          endpoint=endpoint, tqdm_class=_progress_class(progress) if progress else None)
         expected = filter_repo_objects([s.rfilename for s in info.siblings or []], allow_patterns=ALLOW_PATTERNS)
         missing = [name for name in expected if not os.path.isfile(os.path.join(target, name))]
         if missing:
