@@ -14,6 +14,7 @@ from roctune.errors import RoctuneError, os_error_in
 # Order here is the order in `roctune --help`.
 COMMANDS = [
     "doctor",
+    "models",
     "data",
     "train",
     "chat",

@@ -12,10 +12,10 @@ LAYERS = [  # top first
     ("front ends", ["webui", "serve", "bench", "doctor"]),
     ("recipes and inference", ["recipes", "generate", "decoding", "merge", "export", "eval"]),
     ("training engine", ["training"]),
-    ("models", ["models", "methods", "memory"]),
+    ("models", ["models", "hub", "methods", "memory"]),
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
-    ("hardware, model-family and stage facts", ["hardware", "families", "stages"]),
+    ("hardware, model-family, catalog and stage facts", ["hardware", "families", "catalog", "stages"]),
     ("errors", ["errors", "interrupts", "progress", "strict_yaml", "__init__"]),
 ]
 RANK = {name: len(LAYERS) - i for i, (_, names) in enumerate(LAYERS) for name in names}

@@ -608,8 +608,8 @@ def test_every_text_of_the_page_has_its_chinese(tmp_path):
     assert zh[by_id["rt-start"][0]]["value"] == "开始训练"
     assert zh[by_id["rt-workspace"][0]]["value"].startswith(f"工作区：`{os.path.realpath(tmp_path)}`")
     tabs = {b.label: zh[b]["label"] for b, _ in items if type(b).__name__ == "Tab"}
-    assert tabs == {"Doctor": "环境检查", "Data": "数据", "Train": "训练", "Runs": "运行记录", "Chat": "对话",
-                    "Eval": "评估", "Export": "导出"}
+    assert tabs == {"Doctor": "环境检查", "Models": "模型", "Data": "数据", "Train": "训练", "Runs": "运行记录",
+                    "Chat": "对话", "Eval": "评估", "Export": "导出"}
     en = dict(zip([b for b, _ in items], i18n.updates(gr, items, "en")))
     assert en[block]["label"] == "max steps"
     # handlers speak the session's language; the CLI's line stays as the CLI prints it

@@ -8,7 +8,7 @@ import logging
 import os
 
 from roctune.errors import EnvironmentProblem
-from roctune.webui import chat, data, doctor, export, i18n, picks, runs, train
+from roctune.webui import chat, data, doctor, export, hub_panel, i18n, picks, runs, train
 from roctune.webui import eval as eval_panel
 from roctune.webui.html import CSS, guard
 from roctune.webui.workspace import Workspace
@@ -44,6 +44,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
             refresh = gr.Button("Refresh the lists", size="sm", scale=0, min_width=160, elem_id="rt-refresh")
         with gr.Tabs():
             doctor_again = doctor.build(gr, app, lang)
+            hub_ui = hub_panel.build(gr)
             data_ui = data.build(gr, ws)
             train_ui = train.build(gr, run_root, ws.trust_remote_code)
             runs_ui = runs.build(gr, ws)
@@ -56,12 +57,14 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                               train_ui.fields["data"])
         train.wire(gr, app, train_ui, ws, state, lang,
                    followers=[chat_ui.adapter, eval_ui.adapter, export_ui.adapter])
+        table_again = hub_panel.wire(gr, app, hub_ui, lang, train_ui.fields["model"])
         lists = {"datasets": [data_ui.path, train_ui.fields["data"], train_ui.fields["eval_data"], eval_ui.data],
                  "models": [train_ui.fields["model"], chat_ui.model],
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
-        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change], lang)
-        _wire_language(gr, app, picker, lang, saved, again=[doctor_again])
+        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change,
+                                         hub_ui.done.change], lang)
+        _wire_language(gr, app, picker, lang, saved, again=[doctor_again, table_again])
         app._roctune_state = state
         app._roctune_workspace = ws
     return app

@@ -102,7 +102,7 @@ def checkpoints(ws, run: str) -> list[str]:
 def models(ws) -> list[str]:
     """The bundled model (by name), model folders in the workspace (freeze/full runs too) and in
     $ROCTUNE_HOME/models."""
-    from roctune.models import DEFAULT_MODEL, roctune_home
+    from roctune.models import DEFAULT_MODEL, PULLING, roctune_home
 
     out = [DEFAULT_MODEL]
     for folder, dirs, files in _walk(ws.root):
@@ -114,6 +114,7 @@ def models(ws) -> list[str]:
     store = os.path.join(roctune_home(), "models")
     for name in sorted(os.listdir(store)) if os.path.isdir(store) else []:
         folder = os.path.join(store, name)
-        if name != DEFAULT_MODEL and os.path.isfile(os.path.join(folder, "config.json")):
+        if name != DEFAULT_MODEL and os.path.isfile(os.path.join(folder, "config.json")) and \
+                not os.path.isfile(os.path.join(folder, PULLING)):  # a download not finished (roctune.hub)
             out.append(folder)
     return out

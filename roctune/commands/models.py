@@ -1,0 +1,46 @@
+"""`roctune models`: the models to start from (`list`) and their download (`pull ID`) into $ROCTUNE_HOME/models,
+from the Hugging Face hub (HF_ENDPOINT=https://hf-mirror.com for its mirror) or ModelScope (ROCTUNE_HUB=modelscope,
+or an id like modelscope:Qwen/Qwen2.5-0.5B-Instruct). A pulled id then works offline: roctune train --model ID."""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("models", help="list the models to start from; download one", description=__doc__)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="the model list: id, size, licence, downloaded or not, folder",
+                       description="The models roctune has a family spec for, the tutorials' Qwen2.5 first, and "
+                                   "every other model pulled into $ROCTUNE_HOME/models.").set_defaults(func=run_list)
+    pull = actions.add_parser("pull", help="download a model (resumable) and print its folder",
+                              description="Download a hub id's safetensors, config and tokenizer files into "
+                                          "$ROCTUNE_HOME/models/<org>--<name>; a second pull completes a stopped one.")
+    pull.add_argument("id", metavar="ID", help="hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct, or modelscope:ORG/NAME")
+    pull.set_defaults(func=run_pull)
+
+
+def run_list(args) -> int:
+    from roctune.hub import listing
+
+    rows = [("id", "size", "licence", "downloaded", "folder")]
+    for model_id, entry, folder in listing():
+        size = f"{entry.size} (~{entry.download_gb:g} GB)" if entry else "-"
+        licence = (entry.licence + (", gated" if entry.gated else "")) if entry else "-"
+        rows.append((model_id, size, licence, "yes" if folder else "no", folder or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    print("\nroctune models pull ID downloads one (HF_ENDPOINT=https://hf-mirror.com or ROCTUNE_HUB=modelscope "
+          "where huggingface.co is not reachable); then roctune train --model ID")
+    return 0
+
+
+def run_pull(args) -> int:
+    from roctune.hub import pull
+    from roctune.models import pulled_dir
+
+    before = pulled_dir(args.id)
+    folder = pull(args.id)
+    print(f"{args.id}: {'already downloaded in' if before else 'downloaded to'} {folder}")
+    print(f"train on it with: roctune train --model {args.id}", file=sys.stderr)
+    return 0

@@ -1,0 +1,61 @@
+"""The web UI's Models panel in a real browser (Playwright + Debian's chromium), on the Chinese page: the model list,
+a download from a local server in the Hugging Face hub's layout (tests/test_models_hub.py's), and the downloaded
+model becoming the Train panel's model."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from test_models_hub import REPO_ID, Hub, tiny_repo  # noqa: F401 - tiny_repo is a fixture used below
+from test_webui import _field, browser, server  # noqa: F401 - fixtures used below
+
+
+@pytest.fixture
+def hub(tiny_repo, tmp_path, monkeypatch):  # noqa: F811 - the fixture imported above
+    import huggingface_hub.constants
+
+    served = Hub(tiny_repo)
+    monkeypatch.setenv("HF_ENDPOINT", served.url)  # roctune.hub reads it at each pull
+    monkeypatch.setenv("ROCTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # conftest's offline switch
+    yield served
+    served.server.shutdown()
+    served.server.server_close()
+
+
+def test_models_panel_downloads_a_model_that_becomes_the_train_model(hub, server, browser, tmp_path):  # noqa: F811
+    from playwright.sync_api import expect
+
+    url, _app = server
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(60_000)
+    expect.set_options(timeout=60_000)
+    page.goto(url, wait_until="domcontentloaded")
+    try:
+        expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))  # the page has loaded
+        page.locator("#rt-lang").get_by_text("中文").click()
+        page.get_by_role("tab", name="模型").click()
+        table = page.locator("#rt-models-table")
+        expect(table).to_contain_text("Qwen/Qwen2.5-0.5B-Instruct")
+        expect(table).to_contain_text("许可证")
+        first = table.locator("tbody tr").first
+        expect(first).to_contain_text("否")  # not downloaded
+
+        box = _field(page, "rt-pull-id")
+        box.fill(REPO_ID)
+        box.press("Enter")
+        page.locator("#rt-pull").click()
+        folder = os.path.join(str(tmp_path / "home"), "models", "tiny-org--tiny-llama")
+        expect(page.locator("#rt-pull-status")).to_contain_text("已下载到")
+        expect(page.locator("#rt-pull-status")).to_contain_text(folder)
+        expect(table.locator("tr", has_text=REPO_ID)).to_contain_text("是")
+        assert os.path.isfile(os.path.join(folder, "roctune_pulled.json"))
+
+        page.get_by_role("tab", name="训练").click()
+        expect(_field(page, "rt-train-model")).to_have_value(re.compile(re.escape(folder)))
+        page.get_by_role("tab", name="模型").click()
+        page.screenshot(path=str(tmp_path / "models-zh.png"), full_page=True)
+    finally:
+        page.close()
