@@ -27,7 +27,7 @@ METHODS = ("lora", "qlora", "freeze", "full")
 # below the training engine and may not import it.
 PREF_LOSSES = ("sigmoid", "ipo", "hinge", "robust", "orpo", "simpo")
 SMOOTHED = ("sigmoid", "robust", "simpo")
-STAGES = ("sft", "pt", "dpo", "grpo")  # roctune.recipes: one recipe each
+STAGES = ("sft", "pt", "dpo", "grpo", "rm")  # roctune.recipes: one recipe each
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
 REWARDS = ("answer", "format", "length", "json")  # roctune.eval.rewards
 ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_vllm
@@ -100,9 +100,10 @@ class TrainConfig:
                 zh=("微调方法", "lora；qlora：在 4 位 NF4 基础模型上做 LoRA（bitsandbytes）；freeze：只训练最后 N 层；full：训练全部参数"))
     stage: str = setting("sft", "sft (supervised answers), pt (continued pretraining on raw text: .txt files or a "
                          "'text' column, packed into --max-length blocks), dpo (preference pairs: "
-                         "prompt/chosen/rejected, or LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)",
+                         "prompt/chosen/rejected, or LLaMA-Factory ranking data), grpo (RL from rewards on prompts) "
+                         "or rm (a reward model: one score per answer, trained on the same pairs)",
                          choices=STAGES, group="model",
-                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
+                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）、grpo（基于奖励的强化学习，只需提示词）或 rm（奖励模型：给每个回答打一个分，用同样的偏好对训练）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
@@ -161,12 +162,16 @@ class TrainConfig:
                                  choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",),
                 zh=("内置奖励", "grpo：内置奖励：answer（等于 --answer-column）、format（匹配 --format-regex）、length（超长软惩罚）、json（可解析）"))
     reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
-                                        "the --reward-file functions (default: all 1)", metavar="W", group="rl",
-                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数（默认都为 1）"))
+                                        "the --reward-file functions, then --reward-model (default: all 1)", metavar="W", group="rl",
+                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数，最后给 --reward-model（默认都为 1）"))
     reward_file: list[str] = setting([], "grpo: your reward functions with TRL's convention, FILE.py or "
                                      "FILE.py:NAME,... (code that runs here: command line only)", repeat=True,
                                      metavar="FILE", group="rl", cli_only=True,
                 zh=("奖励函数文件", "grpo：你自己的奖励函数（TRL 约定），FILE.py 或 FILE.py:NAME,…（会在本机运行的代码：只能在命令行指定）"))
+    reward_model: str | None = setting(None, "grpo: a reward model (the run directory of a --stage rm training) "
+                                       "whose score of each completion is one more reward", metavar="RUN",
+                                       group="rl",
+                zh=("奖励模型", "grpo：奖励模型（--stage rm 训练的运行目录），它给每个回答的分数作为又一个奖励"))
     answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl",
                 zh=("答案列", "grpo：answer 奖励用来比较的数据列"))
     format_regex: str = setting("", "grpo: the regular expression the format reward looks for (re.search; anchor "
@@ -369,6 +374,8 @@ class TrainConfig:
         self._check_pref()
         self.check_grpo()
         self._check_pt()
+        if self.stage == "rm" and self.fsdp:
+            raise ConfigError("--stage rm does not support --fsdp yet; drop --fsdp")
         self._check_long()
 
     def _check_pref(self) -> None:
@@ -424,13 +431,16 @@ class TrainConfig:
         import re
 
         if self.stage != "grpo":
+            if self.reward_model:
+                raise ConfigError(f"--reward-model scores GRPO's completions; use it with --stage grpo (a "
+                                  f"--stage {self.stage} run does not sample any)")
             if self.rollout_engine != "roctune":
                 raise ConfigError(f"--rollout-engine {self.rollout_engine} samples GRPO's rollouts; use it with "
                                   "--stage grpo")
             return
-        if not self.rewards and not self.reward_file:
-            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
-                              "--reward-file FILE.py")
+        if not self.rewards and not self.reward_file and not self.reward_model:
+            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file "
+                              "FILE.py and/or --reward-model RUN")
         if "format" in self.rewards:
             if not self.format_regex:
                 raise ConfigError("--reward format needs --format-regex REGEX (e.g. '^<answer>.*</answer>$')")

@@ -1,6 +1,6 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
 `sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
-over rejected answers; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
+over rejected answers; `rm` learns a reward model (one score per answer) from the same pairs; `grpo` learns from rewards on its own completions. `train(cfg)` runs the recipe cfg.stage
 names; `prepare(cfg)` checks every input before anything loads or is written."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def prepare(cfg, check_output: bool = True):
 
     cfg.validate()
     trackers.check(cfg.report_to)  # a missing tracker package is reported before the data is read
-    if cfg.stage == "dpo":
+    if cfg.stage in ("dpo", "rm"):
         from roctune.data.preference import load_pairs as read  # preference pairs instead of conversations
     elif cfg.stage == "grpo":
         from roctune.data.prompts import load_prompts as read  # prompts (and reward columns) to sample from
@@ -111,6 +111,8 @@ def train(cfg, log=log.info, progress: bool = True) -> dict:
         from roctune.recipes import grpo as recipe
     elif cfg.stage == "pt":
         from roctune.recipes import pt as recipe
+    elif cfg.stage == "rm":
+        from roctune.recipes import rm as recipe
     else:
         from roctune.recipes import sft as recipe
     target = cfg.output
