@@ -74,13 +74,9 @@ def run_rewards(args) -> int:
 def run_text(args) -> int:
     """A --stage pt run: loss and perplexity of held-out text (--data: .txt files or a text column), base vs
     fine-tuned, in the run's --max-length blocks."""
-    from roctune.errors import ConfigError
     from roctune.eval import text
 
-    for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag}: {args.adapter} is a --stage pt run, whose eval is the held-out text's loss "
-                              "and perplexity (printed; --json for a machine-readable result): drop --" + flag)
+    _refuse_report_flags(args, "a --stage pt run, whose eval is the held-out text's loss and perplexity")
     _check(args)
     docs, max_length = text.prepare(args.data, args.adapter, args.max_length)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
@@ -93,6 +89,17 @@ def run_text(args) -> int:
     for key in ("loss", "perplexity"):
         print(f"  {key:<12} base {result['base'][key]:>10}   tuned {result['tuned'][key]:>10}")
     return 0
+
+
+def _refuse_report_flags(args, what: str) -> None:
+    """The comparison report's options (--output, --tasks, --limit) on a run whose eval prints other numbers:
+    refused in one line, not silently ignored."""
+    from roctune.errors import ConfigError
+
+    for flag in ("output", "tasks", "limit"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: {args.adapter} is {what} (printed; --json for a machine-readable result): "
+                              f"drop --{flag}")
 
 
 def _check(args) -> str | None:
@@ -115,13 +122,9 @@ def _check(args) -> str | None:
 
 def run_pairs(args) -> int:
     """A --stage rm run: pairwise accuracy of the reward model on held-out preference pairs (--data)."""
-    from roctune.errors import ConfigError
     from roctune.eval.reward_model import pairwise
 
-    for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag}: {args.adapter} is a --stage rm run, whose eval is its accuracy on held-out "
-                              "preference pairs (printed; --json for a machine-readable result): drop --" + flag)
+    _refuse_report_flags(args, "a --stage rm run, whose eval is its accuracy on held-out preference pairs")
     _check(args)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
     result = pairwise(args.adapter, args.data, say, args.batch_size, args.max_length, device=args.device,
