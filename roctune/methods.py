@@ -221,20 +221,19 @@ def qlora_config(dtype: str):
 
 
 def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False,
-              rope_scaling: str = ""):
-    """Load a causal LM with 4-bit NF4 linear weights (double quantization) computing in `dtype`."""
+              rope_scaling: str = "", scalar_head: bool = False):
+    """Load a causal LM (or with `scalar_head` a reward model, see models.load_model) with 4-bit NF4 linear weights
+    (double quantization) computing in `dtype`."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from roctune.hardware import torch_dtype
-    from roctune.models import scaled_config
+    from roctune.models import head_kwargs, model_class, scaled_config
 
     where = "cpu" if device == "cpu" else torch.cuda.current_device()
     config = scaled_config(path, rope_scaling, trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(
+    model = model_class(scalar_head).from_pretrained(
         path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-        quantization_config=qlora_config(dtype), device_map={"": where},
-        **({"config": config} if config is not None else {}))
+        quantization_config=qlora_config(dtype), device_map={"": where}, **head_kwargs(config, scalar_head))
     if device == "cpu":
         # bitsandbytes repacks 4-bit weights on the first no-grad forward on CPUs with AVX512-BF16, for a
         # kernel that comes from the separate `kernels` package; without that package the repacked path
@@ -246,26 +245,49 @@ def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: 
     return model
 
 
-def lora_config(cfg):
+def lora_config(cfg, task_type: str = "CAUSAL_LM"):
     from peft import LoraConfig
 
     target = "all-linear" if cfg.target_modules == ["all-linear"] else list(cfg.target_modules)
-    return LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+    return LoraConfig(task_type=task_type, r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                       lora_dropout=cfg.lora_dropout, target_modules=target, use_dora=cfg.use_dora,
                       use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None)
 
 
-def attach_lora(model, cfg):
-    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`."""
+def attach_lora(model, cfg, scalar_head: bool = False):
+    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`. With `scalar_head` (a reward model) peft's
+    SEQ_CLS task keeps the new `score` head trainable and saved with the adapter (modules_to_save), also when
+    continuing an --adapter trained for text (an SFT run)."""
+    task = "SEQ_CLS" if scalar_head else "CAUSAL_LM"
     if cfg.adapter:
+        from peft import PeftConfig
+
         from roctune.models import load_adapter
 
-        return load_adapter(model, cfg.adapter, is_trainable=True)
+        if not scalar_head:
+            return load_adapter(model, cfg.adapter, is_trainable=True)
+        return _text_adapter_with_head(model, cfg.adapter, PeftConfig.from_pretrained(cfg.adapter))
     from peft import get_peft_model
 
     if "auto" in cfg.target_modules:  # check() resolves it before loading; a model it could not build on meta here
         cfg.target_modules = auto_targets(model, _leaf_names(model), cfg.target_modules)
-    return get_peft_model(model, lora_config(cfg))
+    return get_peft_model(model, lora_config(cfg, task))
+
+
+def _text_adapter_with_head(model, adapter: str, conf):
+    """A reward model continuing an adapter trained for text (an SFT run): its LoRA weights, trainable, and the new
+    score head (which that adapter does not have) trainable and saved with it (peft's SEQ_CLS task). An rm run's
+    own adapter brings its head: it loads as it was saved."""
+    from peft import get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(adapter, rundir.ADAPTER_WEIGHTS))
+    head = "base_model.model.score.weight"
+    weights.setdefault(head, model.score.weight.detach().clone())
+    conf.task_type, conf.inference_mode = "SEQ_CLS", False
+    peft_model = get_peft_model(model, conf)
+    set_peft_model_state_dict(peft_model, weights)
+    return peft_model
 
 
 def freeze_except(model, cfg) -> list[str]:
@@ -289,20 +311,25 @@ def freeze_except(model, cfg) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def build_model(cfg, setup, base_model: str, log=print):
-    """The model to train for cfg.method, on setup.device in setup.dtype."""
+def build_model(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
+    """The model to train for cfg.method, on setup.device in setup.dtype; `scalar_head`: a reward model (one score
+    per sequence, models.load_model), whose new head always trains."""
     from roctune.models import load_model
 
     if cfg.method == "qlora":
         log(f"qlora: base weights in 4-bit NF4 (double quantization), computing in {setup.dtype}")
         model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code,
-                          cfg.rope_scaling)
-        return attach_lora(model, cfg)
-    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code, cfg.rope_scaling)
+                          cfg.rope_scaling, scalar_head)
+        return attach_lora(model, cfg, scalar_head)
+    model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code, cfg.rope_scaling,
+                       scalar_head)
     if cfg.method == "lora":
-        return attach_lora(model, cfg)
+        return attach_lora(model, cfg, scalar_head)
     if cfg.method == "freeze":
         names = freeze_except(model, cfg)
+        if scalar_head:
+            model.score.requires_grad_(True)
+            names.append("score.weight")
         prefix, layers = decoder_layers(model)
         idx = chosen_layers(len(layers), cfg.freeze_trainable_layers)
         where = f"layers {idx[0]}..{idx[-1]} of {len(layers)}" if idx else "no layers"

@@ -384,19 +384,34 @@ def context_warning(model_dir: str, max_length: int, rope_scaling: str) -> str |
 
 
 def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = "sdpa",
-               trust_remote_code: bool = False, rope_scaling: str = ""):
+               trust_remote_code: bool = False, rope_scaling: str = "", scalar_head: bool = False):
     """Load a causal LM onto `device` in `dtype` with the given attention implementation (and --rope-scaling's
-    positions, see `scaled_config`)."""
-    from transformers import AutoModelForCausalLM
-
+    positions, see `scaled_config`). `scalar_head`: the same body with one score per sequence instead of the LM head
+    (a reward model, --stage rm: transformers' ...ForSequenceClassification, num_labels 1)."""
     from roctune.hardware import torch_dtype
 
     with hf_progress_off(), refused_remote_code(path):
         config = scaled_config(path, rope_scaling, trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
+        model = model_class(scalar_head).from_pretrained(
             path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
-            **({"config": config} if config is not None else {}))
+            **head_kwargs(config, scalar_head))
     return model.to(device)
+
+
+def model_class(scalar_head: bool = False):
+    """transformers' auto class: the causal LM, or with `scalar_head` its one-score sequence classifier."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if scalar_head else AutoModelForCausalLM
+
+
+def head_kwargs(config, scalar_head: bool) -> dict:
+    """from_pretrained's config arguments: a scaled config when given, and num_labels 1 for a scalar head."""
+    if config is None:
+        return {"num_labels": 1} if scalar_head else {}
+    if scalar_head:
+        config.num_labels = 1
+    return {"config": config}
 
 
 @contextmanager

@@ -51,6 +51,9 @@ ROWS = (
     Stage("kto", "single answers marked desirable or not: label true/false, or LLaMA-Factory's kto_tag",
           "单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag",
           "roctune.data.kto:load_examples", "roctune.recipes.kto"),
+    Stage("rm", "a reward model: one score per answer, trained on the same pairs as dpo",
+          "奖励模型：给每个回答打一个分，用与 dpo 相同的偏好对训练",
+          "roctune.data.preference:load_pairs", "roctune.recipes.rm", fsdp=False),
     Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
           "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False, samples=True),
 )

@@ -308,7 +308,7 @@ def _expected(spec, text: str, ws, base_value):
         return [os.path.realpath(os.path.join(ws.root, text.strip()))]
     if kind == "list":
         return text.replace(",", " ").split()
-    if name in ("output", "adapter"):
+    if name in ("output", "adapter", "reward_model"):  # run folders: resolved in the workspace
         return os.path.realpath(os.path.join(ws.root, text.strip()))
     return text.strip() if name != "model" else text.strip()
 

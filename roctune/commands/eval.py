@@ -3,7 +3,9 @@ the same records: teacher-forced loss and perplexity (as training computes them)
 match of greedy answers against the reference answers; a report (HTML, Markdown, predictions JSONL) in --output
 (default RUN/eval); --tasks runs lm-evaluation-harness benchmarks too. With --reward/--reward-file (a GRPO run):
 --data holds prompts, and both models' greedy completions are scored by those rewards instead. On a --stage pt run,
---data is held-out raw text, and eval prints its loss and perplexity under both models."""
+--data is held-out raw text, and eval prints its loss and perplexity under both models. On a --stage rm run, --data
+holds held-out preference pairs, and eval prints the reward model's pairwise accuracy (chosen scored above rejected);
+--reward-model RUN scores greedy completions with such a reward model (as GRPO's reward)."""
 from __future__ import annotations
 
 import json
@@ -37,7 +39,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "answer_column", "format_regex", "length_penalty_window")
+REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "reward_model", "answer_column", "format_regex",
+                   "length_penalty_window")
 
 
 def run_rewards(args) -> int:
@@ -53,7 +56,7 @@ def run_rewards(args) -> int:
             raise ConfigError(f"--{flag} belongs to the comparison of answers; with --reward/--reward-file eval prints "
                               f"the mean rewards (--json for a machine-readable result): drop --{flag}")
     cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
-    cfg.stage, cfg.max_completion_length = "grpo", args.max_new_tokens
+    cfg.stage, cfg.max_completion_length, cfg.device = "grpo", args.max_new_tokens, args.device
     cfg.check_grpo()
     rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
     rw.check_columns(cfg, load_prompts(args.data))
@@ -72,13 +75,9 @@ def run_rewards(args) -> int:
 def run_text(args) -> int:
     """A --stage pt run: loss and perplexity of held-out text (--data: .txt files or a text column), base vs
     fine-tuned, in the run's --max-length blocks."""
-    from roctune.errors import ConfigError
     from roctune.eval import text
 
-    for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag}: {args.adapter} is a --stage pt run, whose eval is the held-out text's loss "
-                              "and perplexity (printed; --json for a machine-readable result): drop --" + flag)
+    _refuse_report_flags(args, "a --stage pt run, whose eval is the held-out text's loss and perplexity")
     _check(args)
     docs, max_length = text.prepare(args.data, args.adapter, args.max_length)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
@@ -91,6 +90,17 @@ def run_text(args) -> int:
     for key in ("loss", "perplexity"):
         print(f"  {key:<12} base {result['base'][key]:>10}   tuned {result['tuned'][key]:>10}")
     return 0
+
+
+def _refuse_report_flags(args, what: str) -> None:
+    """The comparison report's options (--output, --tasks, --limit) on a run whose eval prints other numbers:
+    refused in one line, not silently ignored."""
+    from roctune.errors import ConfigError
+
+    for flag in ("output", "tasks", "limit"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: {args.adapter} is {what} (printed; --json for a machine-readable result): "
+                              f"drop --{flag}")
 
 
 def _check(args) -> str | None:
@@ -111,13 +121,34 @@ def _check(args) -> str | None:
     return out
 
 
+def run_pairs(args) -> int:
+    """A --stage rm run: pairwise accuracy of the reward model on held-out preference pairs (--data)."""
+    from roctune.eval.reward_model import pairwise
+
+    _refuse_report_flags(args, "a --stage rm run, whose eval is its accuracy on held-out preference pairs")
+    _check(args)
+    say = (lambda s: print(s, file=sys.stderr)) if args.json else print
+    result = pairwise(args.adapter, args.data, say, args.batch_size, args.max_length, device=args.device,
+                      dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"reward model on {result['n']} held-out pair(s): chosen scored above rejected in "
+          f"{100 * result['accuracy']:.1f}% (mean score chosen {result['chosen']}, rejected {result['rejected']}, "
+          f"margin {result['margin']})")
+    return 0
+
+
 def run(args) -> int:
-    if getattr(args, "rewards", None) or getattr(args, "reward_file", None):
+    if getattr(args, "rewards", None) or getattr(args, "reward_file", None) or getattr(args, "reward_model", None):
         return run_rewards(args)
+    from roctune.eval.reward_model import is_rm_run
     from roctune.eval.text import is_text_run
 
     if os.path.isdir(args.adapter) and is_text_run(args.adapter):
         return run_text(args)
+    if os.path.isdir(args.adapter) and is_rm_run(args.adapter):
+        return run_pairs(args)
     from roctune.eval import report
     from roctune.eval.run import Options, evaluate, prepare
 

@@ -52,12 +52,17 @@ class GrpoSettings:
                                  choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",),
                 zh=("内置奖励", "grpo：内置奖励：answer（等于 --answer-column）、format（匹配 --format-regex）、length（超长软惩罚）、json（可解析）"))
     reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
-                                        "the --reward-file functions (default: all 1)", metavar="W", group="rl",
-                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数（默认都为 1）"))
+                                        "the --reward-file functions, then --reward-model (default: all 1)", metavar="W",
+                                        group="rl",
+                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数，最后给 --reward-model（默认都为 1）"))
     reward_file: list[str] = setting([], "grpo: your reward functions with TRL's convention, FILE.py or "
                                      "FILE.py:NAME,... (code that runs here: command line only)", repeat=True,
                                      metavar="FILE", group="rl", cli_only=True,
                 zh=("奖励函数文件", "grpo：你自己的奖励函数（TRL 约定），FILE.py 或 FILE.py:NAME,…（会在本机运行的代码：只能在命令行指定）"))
+    reward_model: str | None = setting(None, "grpo: a reward model (the run directory of a --stage rm training) "
+                                       "whose score of each completion is one more reward", metavar="RUN",
+                                       group="rl",
+                zh=("奖励模型", "grpo：奖励模型（--stage rm 训练的运行目录），它给每个回答的分数作为又一个奖励"))
     answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl",
                 zh=("答案列", "grpo：answer 奖励用来比较的数据列"))
     format_regex: str = setting("", "grpo: the regular expression the format reward looks for (re.search; anchor "
@@ -79,13 +84,16 @@ class GrpoSettings:
         import re
 
         if self.stage != "grpo":
+            if self.reward_model:
+                raise ConfigError(f"--reward-model scores GRPO's completions; use it with --stage grpo (a "
+                                  f"--stage {self.stage} run does not sample any)")
             if self.rollout_engine != "roctune":
                 raise ConfigError(f"--rollout-engine {self.rollout_engine} samples GRPO's rollouts; use it with "
                                   "--stage grpo")
             return
-        if not self.rewards and not self.reward_file:
-            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
-                              "--reward-file FILE.py")
+        if not self.rewards and not self.reward_file and not self.reward_model:
+            raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file "
+                              "FILE.py and/or --reward-model RUN")
         if "format" in self.rewards:
             if not self.format_regex:
                 raise ConfigError("--reward format needs --format-regex REGEX (e.g. '^<answer>.*</answer>$')")

@@ -33,6 +33,7 @@ class Pair:
     prompt: list[dict[str, str]]  # the conversation up to (and including) the last user turn
     chosen: str
     rejected: str
+    margin: float = 0.0  # an optional `margin` column: how much better chosen is (--stage rm, TRL's RewardTrainer)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -100,7 +101,21 @@ def to_pair(obj: dict, where: str, src: Source | None = None) -> Pair:
         prompt.insert(0, {"role": "system", "content": system})
     if prompt[-1]["role"] != "user":
         raise DataError(f"{where}: the prompt must end with a user turn (the answers to compare follow it)")
-    return Pair(where, prompt, _answer(obj, chosen_key, where, keys), _answer(obj, rejected_key, where, keys))
+    return Pair(where, prompt, _answer(obj, chosen_key, where, keys), _answer(obj, rejected_key, where, keys),
+                _margin(obj, where))
+
+
+def _margin(obj: dict, where: str) -> float:
+    """The optional `margin` column as a finite number (0 when absent)."""
+    import math
+
+    value = obj.get("margin")
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{where}: field 'margin' is {value!r}; it must be a finite number (how much better "
+                        "'chosen' is than 'rejected'), or leave it out")
+    return float(value)
 
 
 def load_pairs(paths, max_errors: int = 5) -> list[Pair]:

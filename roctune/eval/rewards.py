@@ -14,6 +14,8 @@ Built-ins (`--reward NAME`, weights with `--reward-weights`):
 - length: DAPO's soft overlong penalty: 0 up to max_completion_length - window tokens, then falling linearly to -1
   at max_completion_length;
 - json: 1 when the completion (or a ```json fenced block in it) parses as JSON.
+A reward model (`--reward-model RUN`, a --stage rm run: roctune.eval.reward_model) scores each completion; it comes
+after the --reward-file functions in --reward-weights' order.
 
 A user's own functions come from `--reward-file FILE.py[:NAME,...]`, given on the command line only (like
 --trust-remote-code): it is code that runs in this process. Everything that runs its code (the import, the call,
@@ -283,9 +285,13 @@ def build(cfg, reward_files: list[str]) -> list[Reward]:
     rewards = [Reward(n, builtin(n, cfg)) for n in cfg.rewards]
     for spec in reward_files:
         rewards += load_reward_file(spec)
+    if getattr(cfg, "reward_model", None):  # a --stage rm run's scores (roctune.eval.reward_model), after the files
+        from roctune.eval.reward_model import reward_function
+
+        rewards.append(Reward("reward_model", reward_function(cfg.reward_model, text_of, cfg.device)))
     if not rewards:
-        raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json and/or "
-                          "--reward-file FILE.py")
+        raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file FILE.py "
+                          "and/or --reward-model RUN")
     try:
         weights = [float(w) for w in cfg.reward_weights] if cfg.reward_weights else [1.0] * len(rewards)
     except ValueError:

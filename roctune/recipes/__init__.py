@@ -1,8 +1,9 @@
 """Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
 `sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
-over rejected answers; `kto` learns from single answers marked desirable or undesirable; `grpo` learns from
-rewards on its own completions. `train(cfg)` runs the recipe cfg.stage names (its row in roctune.stages);
-`prepare(cfg)` checks every input before anything loads or is written."""
+over rejected answers; `kto` learns from single answers marked desirable or undesirable; `rm` learns a reward
+model (one score per answer) from preference pairs; `grpo` learns from rewards on its own completions. `train(cfg)`
+runs the recipe cfg.stage names (its row in roctune.stages); `prepare(cfg)` checks every input before anything loads
+or is written."""
 from __future__ import annotations
 
 import logging

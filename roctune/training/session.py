@@ -150,15 +150,15 @@ def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_wi
     return items, dropped
 
 
-def build_trainable(cfg, setup: Setup, base_model: str, say):
+def build_trainable(cfg, setup: Setup, base_model: str, say, scalar_head: bool = False):
     """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
     when asked and the shortcuts its family has proven (roctune.training.shortcuts), said in one line; logs how many
-    parameters train. Returns (model, plan)."""
+    parameters train. `scalar_head`: a reward model (methods.build_model). Returns (model, plan)."""
     from roctune.methods import build_model
     from roctune.training import shortcuts
     from roctune.training.activations import long_sequence_layers, mask_lora_dropout, slim
 
-    model = build_model(cfg, setup, base_model, say)
+    model = build_model(cfg, setup, base_model, say, scalar_head)
     plan = shortcuts.plan(model)
     say(plan.describe())
     ckpt = setup.checkpointing

@@ -95,8 +95,8 @@ def _value(spec: dict, raw: Any, ws) -> Any:
     text = (raw or "").strip()
     if name == "model":
         return ws.model(text)
-    if name == "adapter" and text:
-        return ws.adapter(text)
+    if name in ("adapter", "reward_model") and text:  # a run directory inside the workspace, on a known base model
+        return ws.adapter(text, "--" + name.replace("_", "-"))
     if name in PATH_FIELDS and text:
         return ws.path(text, "--" + name, write=name == "output")
     return text if text or spec["default"] is not None else None
