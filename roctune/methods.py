@@ -245,17 +245,42 @@ def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: 
     return model
 
 
-def lora_config(cfg):
+def lora_config(cfg, token_rows=None):
+    """peft's LoraConfig for cfg; `token_rows` (see `turn_token_rows`) trains those embedding/output rows too."""
     from peft import LoraConfig
 
     target = "all-linear" if cfg.target_modules == ["all-linear"] else list(cfg.target_modules)
     return LoraConfig(task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                       lora_dropout=cfg.lora_dropout, target_modules=target, use_dora=cfg.use_dora,
-                      use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None)
+                      use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None,
+                      trainable_token_indices=token_rows)
 
 
-def attach_lora(model, cfg):
-    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`."""
+def turn_token_rows(model, cfg, tokens: dict[str, int]) -> tuple[list | dict | None, str]:
+    """(peft's trainable_token_indices, the line that says so) for the turn markers of a template roctune chose
+    (`tokens`, templates.turn_token_ids): LoRA on attention and MLP cannot move the embedding or output row of a
+    token, and a base model may have left the rows of markers it never saw untrained (Gemma 3 270M after LoRA
+    answered "I am Roc..." and then a stray token instead of <end_of_turn>). Tied embeddings (one matrix) take the
+    plain list; untied ones name the input and output layers, so that the output row, which decides whether the
+    model writes the marker, trains too. (None, "") when there is nothing to add."""
+    if not tokens or cfg.adapter:  # a continued adapter keeps its own configuration
+        return None, ""
+    names = ", ".join(tokens)
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    layers = {m: n for n, m in model.named_modules() if m is emb or m is out}
+    whole = [n for n in layers.values() if n.split(".")[-1] in cfg.modules_to_save]
+    if whole:
+        return None, f"template tokens {names}: their rows train with {', '.join(whole)} (--modules-to-save)"
+    ids = sorted(set(tokens.values()))
+    tied = out is None or out.weight is emb.weight
+    rows = ids if tied else {name: ids for name in layers.values()}
+    where = "embedding rows (tied to the output layer)" if tied and out is not None else "embedding and output rows"
+    return rows, (f"template tokens: the {where} of {names} train next to LoRA (the chat template is roctune's, "
+                  "not the model's own: a base model may never have learned to read or write its markers)")
+
+
+def attach_lora(model, cfg, turn_tokens: dict[str, int] | None = None, log=print):
+    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`; `turn_tokens` see `turn_token_rows`."""
     if cfg.adapter:
         from roctune.models import load_adapter
 
@@ -264,7 +289,10 @@ def attach_lora(model, cfg):
 
     if "auto" in cfg.target_modules:  # check() resolves it before loading; a model it could not build on meta here
         cfg.target_modules = auto_targets(model, _leaf_names(model), cfg.target_modules)
-    return get_peft_model(model, lora_config(cfg))
+    rows, why = turn_token_rows(model, cfg, turn_tokens or {})
+    if why:
+        log(why)
+    return get_peft_model(model, lora_config(cfg, rows))
 
 
 def freeze_except(model, cfg) -> list[str]:
@@ -296,10 +324,10 @@ def build_model(cfg, setup, base_model: str, log=print):
         log(f"qlora: base weights in 4-bit NF4 (double quantization), computing in {setup.dtype}")
         model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code,
                           cfg.rope_scaling)
-        return attach_lora(model, cfg)
+        return attach_lora(model, cfg, setup.turn_tokens, log)
     model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code, cfg.rope_scaling)
     if cfg.method == "lora":
-        return attach_lora(model, cfg)
+        return attach_lora(model, cfg, setup.turn_tokens, log)
     if cfg.method == "freeze":
         names = freeze_except(model, cfg)
         prefix, layers = decoder_layers(model)

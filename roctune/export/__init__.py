@@ -51,6 +51,11 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src, template=rundir.template_name(adapter))  # the GGUF's template: the run's
     family, _, pre = gguf_file.check_model(adapter if full else base, tok, (base,))  # before any weights load
+    from roctune.export.lora_gguf import dropped_rows
+
+    dropped = dropped_rows(rundir.adapter_settings(adapter), tok) if rundir.has_adapter(adapter) else None
+    if fmt == "lora-gguf" and dropped:
+        log(dropped)
     _check_checker(fmt, verify, pre)
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
     gguf_name = f"{name}-lora.gguf" if fmt == "lora-gguf" else f"{name}-{quant}.gguf"
@@ -95,7 +100,8 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     source = None if full else gguf_source(base)
     if source:
         log(f"the base model came from {source}: `roctune export --adapter {adapter} --format lora-gguf` puts this "
-            "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization")
+            "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization"
+            + (" but not its trained token rows (this export keeps them)" if dropped else ""))
     return report
 
 

@@ -11,7 +11,9 @@ llama.cpp's rope (gguf_specs), B's rows are permuted the same way (A acts on the
 Written here with `gguf.GGUFWriter` for the reasons gguf_file.py gives; llama.cpp's convert_lora_to_gguf.py was
 read for the facts. What llama.cpp cannot load is refused with one line before anything is written: modules
 saved whole (`modules_to_save`: a trained embedding or output layer is a full matrix, not a LoRA pair), LoRA on
-the embedding or output layer, DoRA.
+the embedding or output layer, DoRA. Trained rows of single tokens (`trainable_token_indices`: the turn markers of
+a template roctune chose for a base model, methods.turn_token_rows) have no place in the format either; they are left
+out with one warning (`dropped_rows`), as the rest of the adapter still applies to the base's own GGUF.
 """
 from __future__ import annotations
 
@@ -47,6 +49,24 @@ def check_adapter(adapter: str) -> dict:
         raise ConfigError(f"--adapter {adapter}: LoRA on the embedding or output layer ({', '.join(targets)}) is "
                           "not written as a LoRA GGUF - export the merged model with --format gguf")
     return cfg
+
+
+def token_rows(cfg: dict) -> list[int]:
+    """The token ids whose embedding/output rows the adapter trains (peft's trainable_token_indices)."""
+    rows = cfg.get("trainable_token_indices") or []
+    lists = rows.values() if isinstance(rows, dict) else [rows]
+    return sorted({i for ids in lists if isinstance(ids, list) for i in ids if isinstance(i, int)})
+
+
+def dropped_rows(cfg: dict, tokenizer) -> str | None:
+    """The warning for an adapter whose trained token rows a LoRA GGUF leaves out, else None."""
+    ids = token_rows(cfg)
+    if not ids:
+        return None
+    names = ", ".join(tokenizer.convert_ids_to_tokens(ids))
+    return (f"warning: the LoRA GGUF leaves out the trained embedding/output rows of {names} (a llama.cpp LoRA file "
+            "holds only LoRA pairs), so on the base GGUF answers may not stop at the end of a turn; the merged "
+            "export (--format gguf) keeps them")
 
 
 def scales(cfg: dict, modules: list[str]) -> dict[str, float]:
@@ -106,6 +126,8 @@ def _pairs(tensors: dict, adapter: str) -> dict[str, tuple]:
     """{module path: (A, B)} from PEFT's adapter file."""
     pairs: dict[str, dict] = {}
     for key, value in tensors.items():
+        if ".token_adapter." in key:  # trained token rows (dropped_rows warned)
+            continue
         m = LORA_KEY.match(key)
         if m is None:
             raise ConfigError(f"{adapter}: adapter tensor {key} is not a LoRA A/B matrix; export with --format gguf")
