@@ -337,6 +337,11 @@ def build_model(cfg, setup, base_model: str, log=print):
                                            if cfg.freeze_trainable_modules != ["all"] else "")
             + (f" plus {', '.join(cfg.freeze_extra_modules)}" if cfg.freeze_extra_modules else "")
             + f"; {len(names)} parameter tensors")
+        emb = {n.split(".")[-1] for n, m in model.named_modules() if m is model.get_input_embeddings()}
+        if setup.turn_tokens and not emb & set(cfg.freeze_extra_modules):
+            log(f"warning: the rows of the template's {', '.join(setup.turn_tokens)} stay frozen, and a base model may "
+                f"never have learned them (answers may not stop): add --freeze-extra-modules {' '.join(emb)} or use "
+                "--method lora, which trains those rows")
         return model
     for p in model.parameters():
         p.requires_grad_(True)

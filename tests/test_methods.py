@@ -253,3 +253,20 @@ def test_template_marker_rows_train_in_embedding_and_output_and_merge(tied):
     lines.clear()
     attach_lora(whole, SimpleNamespace(**{**vars(cfg), "modules_to_save": ["embed_tokens"]}), {"<a>": 5}, lines.append)
     assert lines == ["template tokens <a>: their rows train with model.embed_tokens (--modules-to-save)"]
+
+
+def test_freeze_warns_that_template_marker_rows_stay_frozen(tiny_model_dir, alpaca_file, tmp_path):
+    from types import SimpleNamespace
+
+    from roctune.methods import build_model
+
+    setup = SimpleNamespace(dtype="fp32", device="cpu", attn="sdpa", turn_tokens={"<|im_start|>": 1, "<|im_end|>": 2})
+    lines = []
+    build_model(make_cfg(alpaca_file, tmp_path / "o", tiny_model_dir, method="freeze"), setup, tiny_model_dir,
+                lines.append)
+    assert lines[-1].startswith("warning: the rows of the template's <|im_start|>, <|im_end|> stay frozen") and \
+        "--freeze-extra-modules embed_tokens" in lines[-1]
+    lines.clear()
+    build_model(make_cfg(alpaca_file, tmp_path / "o", tiny_model_dir, method="freeze",
+                         freeze_extra_modules=["embed_tokens"]), setup, tiny_model_dir, lines.append)
+    assert not any("stay frozen" in line for line in lines)
