@@ -245,17 +245,16 @@ def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokeniz
     assert "TemplateProcessing" not in captured.err + captured.out  # gguf's "Unknown separator token '<bos>'"
 
 
-def test_lora_on_a_base_model_trains_the_template_marker_rows_through_save_merge_and_lora_gguf(gemma_base, tmp_path):
+def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_path, capsys):
     """A base model's turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks ~260,000th of 262,144
     after an answer): LoRA alone cannot move them, so the rows of a roctune template's markers train too (peft's
-    trainable_token_indices, tied to the output layer) and survive the adapter file, loading, merge and the LoRA GGUF
-    (which warns that it leaves them out)."""
+    trainable_token_indices, tied to the output layer) and survive the adapter file, loading and merge; the LoRA GGUF,
+    which cannot hold them, is refused in one line."""
     import torch
     from safetensors.torch import load_file
 
     from roctune import rundir
     from roctune.config import TrainConfig
-    from roctune.export.lora_gguf import _pairs, dropped_rows
     from roctune.generate import load_for_inference
     from roctune.merge import merge
     from roctune.recipes import train
@@ -289,8 +288,12 @@ def test_lora_on_a_base_model_trains_the_template_marker_rows_through_save_merge
     assert merged.get_output_embeddings().weight.data_ptr() == emb.data_ptr()  # still one tied matrix
     assert torch.equal(emb[marks], trained) and torch.equal(emb[:100], base[:100])  # only the marker rows changed
 
-    warning = dropped_rows(settings, loaded.tokenizer)
-    assert "<start_of_turn>, <end_of_turn>" in warning and "--format gguf" in warning
-    from safetensors.numpy import load_file as load_numpy
+    # a LoRA GGUF cannot hold the rows (without them the answers do not stop): one line, before anything is written
+    from roctune.cli import main
 
-    assert len(_pairs(load_numpy(os.path.join(out, "adapter_model.safetensors")), out)) > 0  # rows skipped, no error
+    lora = tmp_path / "lora"
+    capsys.readouterr()
+    assert main(["export", "--adapter", out, "--output", str(lora), "--format", "lora-gguf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "<start_of_turn>, <end_of_turn>" in err[0] and "--format gguf" in err[0], err
+    assert not lora.exists()

@@ -12,8 +12,8 @@ Written here with `gguf.GGUFWriter` for the reasons gguf_file.py gives; llama.cp
 read for the facts. What llama.cpp cannot load is refused with one line before anything is written: modules
 saved whole (`modules_to_save`: a trained embedding or output layer is a full matrix, not a LoRA pair), LoRA on
 the embedding or output layer, DoRA. Trained rows of single tokens (`trainable_token_indices`: the turn markers of
-a template roctune chose for a base model, methods.turn_token_rows) have no place in the format either; they are left
-out with one warning (`dropped_rows`), as the rest of the adapter still applies to the base's own GGUF.
+a template roctune chose for a base model, methods.turn_token_rows) have no place in the format either: without them
+the answers do not stop (measured on Gemma 3 270M: mean KL 0.525 to the merged model), so `token_rows_refusal` refuses.
 """
 from __future__ import annotations
 
@@ -58,15 +58,15 @@ def token_rows(cfg: dict) -> list[int]:
     return sorted({i for ids in lists if isinstance(ids, list) for i in ids if isinstance(i, int)})
 
 
-def dropped_rows(cfg: dict, tokenizer) -> str | None:
-    """The warning for an adapter whose trained token rows a LoRA GGUF leaves out, else None."""
+def token_rows_refusal(cfg: dict, tokenizer, adapter: str) -> str | None:
+    """Why a LoRA GGUF cannot hold this adapter's trained token rows (one line), else None."""
     ids = token_rows(cfg)
     if not ids:
         return None
     names = ", ".join(tokenizer.convert_ids_to_tokens(ids))
-    return (f"warning: the LoRA GGUF leaves out the trained embedding/output rows of {names} (a llama.cpp LoRA file "
-            "holds only LoRA pairs), so on the base GGUF answers may not stop at the end of a turn; the merged "
-            "export (--format gguf) keeps them")
+    return (f"--adapter {adapter}: it trains the embedding/output rows of {names} (the markers of roctune's chat "
+            "template, which a base model may never have learned), and a llama.cpp LoRA file holds only LoRA pairs: without those "
+            "rows the answers would not stop - export the merged model with --format gguf")
 
 
 def scales(cfg: dict, modules: list[str]) -> dict[str, float]:
@@ -126,8 +126,6 @@ def _pairs(tensors: dict, adapter: str) -> dict[str, tuple]:
     """{module path: (A, B)} from PEFT's adapter file."""
     pairs: dict[str, dict] = {}
     for key, value in tensors.items():
-        if ".token_adapter." in key:  # trained token rows (dropped_rows warned)
-            continue
         m = LORA_KEY.match(key)
         if m is None:
             raise ConfigError(f"{adapter}: adapter tensor {key} is not a LoRA A/B matrix; export with --format gguf")
