@@ -245,19 +245,45 @@ def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: 
     return model
 
 
-def lora_config(cfg, task_type: str = "CAUSAL_LM"):
+def lora_config(cfg, task_type: str = "CAUSAL_LM", token_rows=None):
+    """peft's LoraConfig for cfg; `token_rows` (see `turn_token_rows`) trains those embedding/output rows too."""
     from peft import LoraConfig
 
     target = "all-linear" if cfg.target_modules == ["all-linear"] else list(cfg.target_modules)
     return LoraConfig(task_type=task_type, r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                       lora_dropout=cfg.lora_dropout, target_modules=target, use_dora=cfg.use_dora,
-                      use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None)
+                      use_rslora=cfg.use_rslora, modules_to_save=list(cfg.modules_to_save) or None,
+                      trainable_token_indices=token_rows)
 
 
-def attach_lora(model, cfg, scalar_head: bool = False):
-    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`. With `scalar_head` (a reward model) peft's
-    SEQ_CLS task keeps the new `score` head trainable and saved with the adapter (modules_to_save), also when
-    continuing an --adapter trained for text (an SFT run)."""
+def turn_token_rows(model, cfg, tokens: dict[str, int]) -> tuple[list | dict | None, str]:
+    """(peft's trainable_token_indices, the line that says so) for the turn markers of a template roctune chose
+    (`tokens`, templates.turn_token_ids): LoRA on attention and MLP cannot move the embedding or output row of a
+    token, and a base model may have left the rows of markers it never saw untrained (Gemma 3 270M after LoRA
+    answered "I am Roc..." and then a stray token instead of <end_of_turn>). Tied embeddings (one matrix) take the
+    plain list; untied ones name the input and output layers, so that the output row, which decides whether the
+    model writes the marker, trains too. (None, "") when there is nothing to add."""
+    if not tokens or cfg.adapter:  # a continued adapter keeps its own configuration
+        return None, ""
+    names = ", ".join(tokens)
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    layers = {m: n for n, m in model.named_modules() if m is emb or m is out}
+    whole = [n for n in layers.values() if n.split(".")[-1] in cfg.modules_to_save]
+    if whole:
+        return None, f"template tokens {names}: their rows train with {', '.join(whole)} (--modules-to-save)"
+    ids = sorted(set(tokens.values()))
+    tied = out is None or out.weight is emb.weight
+    rows = ids if tied else {name: ids for name in layers.values()}
+    where = "embedding rows (tied to the output layer)" if tied and out is not None else "embedding and output rows"
+    return rows, (f"template tokens: the {where} of {names} train next to LoRA (the chat template is roctune's, "
+                  "not the model's own: a base model may never have learned to read or write its markers)")
+
+
+def attach_lora(model, cfg, turn_tokens: dict[str, int] | None = None, log=print, scalar_head: bool = False):
+    """A fresh LoRA adapter (or --adapter DIR, trainable) on `model`; `turn_tokens` see `turn_token_rows`. With
+    `scalar_head` (a reward model) peft's SEQ_CLS task keeps the new `score` head trainable and saved with the
+    adapter (modules_to_save), also when continuing an --adapter trained for text (an SFT run); a reward model writes
+    no tokens, so the template's marker rows do not train."""
     task = "SEQ_CLS" if scalar_head else "CAUSAL_LM"
     if cfg.adapter:
         from peft import PeftConfig
@@ -271,7 +297,10 @@ def attach_lora(model, cfg, scalar_head: bool = False):
 
     if "auto" in cfg.target_modules:  # check() resolves it before loading; a model it could not build on meta here
         cfg.target_modules = auto_targets(model, _leaf_names(model), cfg.target_modules)
-    return get_peft_model(model, lora_config(cfg, task))
+    rows, why = turn_token_rows(model, cfg, {} if scalar_head else turn_tokens or {})
+    if why:
+        log(why)
+    return get_peft_model(model, lora_config(cfg, task, rows))
 
 
 def _text_adapter_with_head(model, adapter: str, conf):
@@ -320,24 +349,35 @@ def build_model(cfg, setup, base_model: str, log=print, scalar_head: bool = Fals
         log(f"qlora: base weights in 4-bit NF4 (double quantization), computing in {setup.dtype}")
         model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code,
                           cfg.rope_scaling, scalar_head)
-        return attach_lora(model, cfg, scalar_head)
+        return attach_lora(model, cfg, setup.turn_tokens, log, scalar_head)
     model = load_model(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code, cfg.rope_scaling,
                        scalar_head)
     if cfg.method == "lora":
-        return attach_lora(model, cfg, scalar_head)
+        return attach_lora(model, cfg, setup.turn_tokens, log, scalar_head)
     if cfg.method == "freeze":
-        names = freeze_except(model, cfg)
-        if scalar_head:
-            model.score.requires_grad_(True)
-            names.append("score.weight")
-        prefix, layers = decoder_layers(model)
-        idx = chosen_layers(len(layers), cfg.freeze_trainable_layers)
-        where = f"layers {idx[0]}..{idx[-1]} of {len(layers)}" if idx else "no layers"
-        log(f"freeze: training {where}" + (f" (modules: {', '.join(cfg.freeze_trainable_modules)})"
-                                           if cfg.freeze_trainable_modules != ["all"] else "")
-            + (f" plus {', '.join(cfg.freeze_extra_modules)}" if cfg.freeze_extra_modules else "")
-            + f"; {len(names)} parameter tensors")
-        return model
+        return _freeze(model, cfg, setup, log, scalar_head)
     for p in model.parameters():
         p.requires_grad_(True)
+    return model
+
+
+def _freeze(model, cfg, setup, log, scalar_head: bool):
+    """--method freeze: the chosen layers (and a reward model's new head) train, said in one line; a warning when a
+    template roctune chose has marker rows that stay frozen."""
+    names = freeze_except(model, cfg)
+    if scalar_head:
+        model.score.requires_grad_(True)
+        names.append("score.weight")
+    prefix, layers = decoder_layers(model)
+    idx = chosen_layers(len(layers), cfg.freeze_trainable_layers)
+    where = f"layers {idx[0]}..{idx[-1]} of {len(layers)}" if idx else "no layers"
+    log(f"freeze: training {where}" + (f" (modules: {', '.join(cfg.freeze_trainable_modules)})"
+                                       if cfg.freeze_trainable_modules != ["all"] else "")
+        + (f" plus {', '.join(cfg.freeze_extra_modules)}" if cfg.freeze_extra_modules else "")
+        + f"; {len(names)} parameter tensors")
+    emb = {n.split(".")[-1] for n, m in model.named_modules() if m is model.get_input_embeddings()}
+    if setup.turn_tokens and not scalar_head and not emb & set(cfg.freeze_extra_modules):
+        log(f"warning: the rows of the template's {', '.join(setup.turn_tokens)} stay frozen, and a base model may "
+            f"never have learned them (answers may not stop): add --freeze-extra-modules {' '.join(emb)} or use "
+            "--method lora, which trains those rows")
     return model

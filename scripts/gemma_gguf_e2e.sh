@@ -21,7 +21,7 @@ for q in f16 q8_0 q6_k q4_k_m; do
   $PY -m roctune export --adapter "$W/run" --quant $q --output "$W/gguf-$q" --overwrite || echo "(export $q refused)"
 done
 echo "== LoRA GGUF onto the original file"
-$PY -m roctune export --adapter "$W/run" --format lora-gguf --output "$W/lora" --overwrite
+$PY -m roctune export --adapter "$W/run" --format lora-gguf --output "$W/lora" --overwrite || echo "(LoRA GGUF refused)"
 echo "== figures"
 $PY - "$W" <<'PYEOF'
 import json, os, sys

@@ -207,3 +207,66 @@ def test_qlora_bundled_model_trains_reloads_and_merges(default_model_dir, tmp_pa
     k = "model.layers.0.mlp.up_proj.weight"  # not adapted: exactly the dequantized 4-bit weight
     assert not torch.equal(weights[k], original[k])
     assert float((weights[k] - original[k]).abs().max()) < 0.2 * float(original[k].abs().max())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_template_marker_rows_train_in_embedding_and_output_and_merge(tied):
+    """methods.turn_token_rows: untied embeddings name both layers (the output row decides whether the marker is
+    written), tied ones one matrix; the rows move, nothing else does, and roctune's merge gives the adapter's logits.
+    --modules-to-save embed_tokens trains them whole instead."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from roctune.merge import merge_and_unload
+    from roctune.methods import attach_lora
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied))
+    emb0, head0 = (model.get_input_embeddings().weight.detach().clone(),
+                   model.get_output_embeddings().weight.detach().clone())
+    cfg = SimpleNamespace(adapter=None, target_modules=["q_proj", "v_proj"], lora_r=4, lora_alpha=8, lora_dropout=0.0,
+                          use_dora=False, use_rslora=False, modules_to_save=[])
+    lines = []
+    peft_model = attach_lora(model, cfg, {"<a>": 5, "<b>": 6}, lines.append)
+    assert peft_model.peft_config["default"].trainable_token_indices == (
+        [5, 6] if tied else {"model.embed_tokens": [5, 6], "lm_head": [5, 6]})
+    assert len(lines) == 1 and "of <a>, <b> train next to LoRA" in lines[0]
+    opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.tensor([[1, 5, 7, 6, 9, 6]])
+    for _ in range(3):
+        peft_model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        before = peft_model(input_ids=ids).logits
+    merged = merge_and_unload(peft_model, lambda *_: None)
+    emb, head = merged.get_input_embeddings().weight, merged.get_output_embeddings().weight
+    for new, old in ((emb, emb0), (head, head0)):
+        assert (new[5:7] - old[5:7]).abs().min() > 0 and torch.equal(new[:5], old[:5]) and torch.equal(new[7:], old[7:])
+    assert (emb.data_ptr() == head.data_ptr()) == tied
+    with torch.no_grad():
+        assert (merged(input_ids=ids).logits - before).abs().max() < 1e-5
+    whole = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    lines.clear()
+    attach_lora(whole, SimpleNamespace(**{**vars(cfg), "modules_to_save": ["embed_tokens"]}), {"<a>": 5}, lines.append)
+    assert lines == ["template tokens <a>: their rows train with model.embed_tokens (--modules-to-save)"]
+
+
+def test_freeze_warns_that_template_marker_rows_stay_frozen(tiny_model_dir, alpaca_file, tmp_path):
+    from types import SimpleNamespace
+
+    from roctune.methods import build_model
+
+    setup = SimpleNamespace(dtype="fp32", device="cpu", attn="sdpa", turn_tokens={"<|im_start|>": 1, "<|im_end|>": 2})
+    lines = []
+    build_model(make_cfg(alpaca_file, tmp_path / "o", tiny_model_dir, method="freeze"), setup, tiny_model_dir,
+                lines.append)
+    assert lines[-1].startswith("warning: the rows of the template's <|im_start|>, <|im_end|> stay frozen") and \
+        "--freeze-extra-modules embed_tokens" in lines[-1]
+    lines.clear()
+    build_model(make_cfg(alpaca_file, tmp_path / "o", tiny_model_dir, method="freeze",
+                         freeze_extra_modules=["embed_tokens"]), setup, tiny_model_dir, lines.append)
+    assert not any("stay frozen" in line for line in lines)

@@ -36,6 +36,7 @@ def _adapter(path, **cfg) -> str:
 @pytest.mark.parametrize("cfg, words", [
     ({"modules_to_save": ["lm_head"]}, "trains lm_head whole (modules_to_save)"),
     ({"use_dora": True}, "DoRA"),
+    ({"trainable_token_indices": [105, 106]}, "embedding rows of single tokens (trainable_token_indices"),
     ({"target_modules": ["q_proj", "embed_tokens"]}, "embedding or output layer (embed_tokens)"),
     ({"lora_bias": True}, "lora_bias"),
     ({"init_lora_weights": "pissa"}, "'pissa' rewrites the base weights"),

@@ -247,3 +247,57 @@ def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokeniz
     assert special.special_token_ids["bos"] == 2
     captured = capfd.readouterr()
     assert "TemplateProcessing" not in captured.err + captured.out  # gguf's "Unknown separator token '<bos>'"
+
+
+def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_path, capsys):
+    """A base model's turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks ~260,000th of 262,144
+    after an answer): LoRA alone cannot move them, so the rows of a roctune template's markers train too (peft's
+    trainable_token_indices, tied to the output layer) and survive the adapter file, loading and merge; the LoRA GGUF,
+    which cannot hold them, is refused in one line."""
+    import torch
+    from safetensors.torch import load_file
+
+    from roctune import rundir
+    from roctune.config import TrainConfig
+    from roctune.generate import load_for_inference
+    from roctune.merge import merge
+    from roctune.recipes import train
+    from transformers import AutoModelForCausalLM
+
+    rows = [{"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Roc."}]}] * 8
+    data = tmp_path / "who.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = str(tmp_path / "run")
+    lines: list[str] = []
+    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="lora", max_steps=4, batch_size=4,
+                      grad_accum=1, lr=1e-2, max_length=32, device="cpu", seed=0, data_cache=False)
+    train(cfg, log=lines.append, progress=False)
+    assert any(line.startswith("template tokens: the embedding rows (tied to the output layer) of <start_of_turn>, "
+                               "<end_of_turn> train next to LoRA") for line in lines), lines
+    settings = rundir.adapter_settings(out)
+    marks = [105, 106]  # <start_of_turn>, <end_of_turn> in Gemma 3's vocabulary
+    assert settings["trainable_token_indices"] == marks
+    saved = load_file(os.path.join(out, "adapter_model.safetensors"))
+    trained = next(v for k, v in saved.items() if "trainable_tokens_delta" in k)
+    base = AutoModelForCausalLM.from_pretrained(gemma_base, dtype=torch.float32).get_input_embeddings().weight
+    assert trained.shape == (2, base.shape[1]) and (trained - base[marks]).abs().max() > 1e-3  # the rows moved
+    assert all(".token_adapter." in k or ".lora_" in k for k in saved)  # rows only: no whole embedding saved
+
+    loaded = load_for_inference(adapter=out, device="cpu", dtype="fp32")
+    assert torch.equal(loaded.model.get_input_embeddings().token_adapter.trainable_tokens_delta["default"], trained)
+    merged_dir = str(tmp_path / "merged")
+    assert merge(out, merged_dir, log=lambda *_: None)["max_logit_diff"] < 1e-3
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32)
+    emb = merged.get_input_embeddings().weight
+    assert merged.get_output_embeddings().weight.data_ptr() == emb.data_ptr()  # still one tied matrix
+    assert torch.equal(emb[marks], trained) and torch.equal(emb[:100], base[:100])  # only the marker rows changed
+
+    # a LoRA GGUF cannot hold the rows (without them the answers do not stop): one line, before anything is written
+    from roctune.cli import main
+
+    lora = tmp_path / "lora"
+    capsys.readouterr()
+    assert main(["export", "--adapter", out, "--output", str(lora), "--format", "lora-gguf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "<start_of_turn>, <end_of_turn>" in err[0] and "--format gguf" in err[0], err
+    assert not lora.exists()

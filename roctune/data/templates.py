@@ -125,6 +125,17 @@ def template_of(tokenizer) -> Template | None:
     return next((t for t in TEMPLATES if t.jinja == tpl), None)
 
 
+def turn_token_ids(tokenizer, name: str | None) -> dict[str, int]:
+    """{token: id} of the markers and end-of-turn tokens of the row `name` (None, the model's own template: {}).
+    A base model that never saw a chat may have left their embedding and output rows untrained (Gemma 3 270M's
+    <end_of_turn> is among its least likely tokens after any answer), so training has to teach these rows too."""
+    if not name:
+        return {}
+    vocab = tokenizer.get_vocab()
+    t = get(name)
+    return {m: vocab[m] for m in dict.fromkeys((*t.markers, *t.end_of_turn)) if m in vocab}
+
+
 def missing_markers(tokenizer, t: Template) -> list[str]:
     """The markers (and end-of-turn tokens, and BOS where written) that are not one token of the vocabulary."""
     vocab = tokenizer.get_vocab()

@@ -50,6 +50,11 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     base = adapter if full else resolve_model(rundir.read_run(adapter).get("base_model"))
     tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
     tok = load_tokenizer(tok_src, template=rundir.template_name(adapter))  # the GGUF's template: the run's
+    from roctune.export.lora_gguf import token_rows_refusal
+
+    rows = token_rows_refusal(rundir.adapter_settings(adapter), tok, adapter) if rundir.has_adapter(adapter) else None
+    if fmt == "lora-gguf" and rows:
+        raise ConfigError(rows)
     family, _, pre = gguf_file.check_model(adapter if full else base, tok, (base,))  # before any weights load
     _check_checker(fmt, verify, pre)
     name = ollama_name(name or os.path.basename(os.path.abspath(adapter)))
@@ -93,7 +98,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
         f"in {report['seconds']:.0f} s")
     source = None if full else gguf_source(base)
-    if source:
+    if source and not rows:  # an adapter with trained token rows has no LoRA GGUF
         log(f"the base model came from {source}: `roctune export --adapter {adapter} --format lora-gguf` puts this "
             "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization")
     return report

@@ -11,7 +11,9 @@ llama.cpp's rope (gguf_specs), B's rows are permuted the same way (A acts on the
 Written here with `gguf.GGUFWriter` for the reasons gguf_file.py gives; llama.cpp's convert_lora_to_gguf.py was
 read for the facts. What llama.cpp cannot load is refused with one line before anything is written: modules
 saved whole (`modules_to_save`: a trained embedding or output layer is a full matrix, not a LoRA pair), LoRA on
-the embedding or output layer, DoRA.
+the embedding or output layer, DoRA. Trained rows of single tokens (`trainable_token_indices`: the turn markers of
+a template roctune chose for a base model, methods.turn_token_rows) have no place in the format either: without them
+the answers do not stop (measured on Gemma 3 270M: mean KL 0.525 to the merged model), so `token_rows_refusal` refuses.
 """
 from __future__ import annotations
 
@@ -47,6 +49,24 @@ def check_adapter(adapter: str) -> dict:
         raise ConfigError(f"--adapter {adapter}: LoRA on the embedding or output layer ({', '.join(targets)}) is "
                           "not written as a LoRA GGUF - export the merged model with --format gguf")
     return cfg
+
+
+def token_rows(cfg: dict) -> list[int]:
+    """The token ids whose embedding/output rows the adapter trains (peft's trainable_token_indices)."""
+    rows = cfg.get("trainable_token_indices") or []
+    lists = rows.values() if isinstance(rows, dict) else [rows]
+    return sorted({i for ids in lists if isinstance(ids, list) for i in ids if isinstance(i, int)})
+
+
+def token_rows_refusal(cfg: dict, tokenizer, adapter: str) -> str | None:
+    """Why a LoRA GGUF cannot hold this adapter's trained token rows (one line), else None."""
+    ids = token_rows(cfg)
+    if not ids:
+        return None
+    names = ", ".join(tokenizer.convert_ids_to_tokens(ids))
+    return (f"--adapter {adapter}: it trains the embedding/output rows of {names} (the markers of roctune's chat "
+            "template, which a base model may never have learned), and a llama.cpp LoRA file holds only LoRA pairs: without those "
+            "rows the answers would not stop - export the merged model with --format gguf")
 
 
 def scales(cfg: dict, modules: list[str]) -> dict[str, float]:

@@ -4,8 +4,9 @@ because it pins an older transformers than roctune's): it finds the python that 
 before anything starts, and builds the server's command line and environment. commands/serve.py runs it.
 
 What is checked, each failure one ConfigError line naming the adapter and the fix:
-- adapters vLLM cannot load: `modules_to_save`, DoRA, LoRA on the embedding or output layer, LoRA biases, inits
-  that rewrite the base weights (PiSSA and the like), a rank above vLLM's largest (`VLLM_LORA_RANKS`);
+- adapters vLLM cannot load: `modules_to_save`, DoRA, trained token rows (`trainable_token_indices`), LoRA on the
+  embedding or output layer, LoRA biases, inits that rewrite the base weights (PiSSA and the like), a rank above
+  vLLM's largest (`VLLM_LORA_RANKS`);
 - adapters trained on another base than the one served (vLLM serves the adapters of one base per server);
 - no vLLM: `make vllm`, or --vllm-python / $ROCTUNE_VLLM_PYTHON pointing at a python that has it.
 
@@ -94,6 +95,8 @@ def unloadable_reason(cfg: dict) -> str | None:
         return f"it trains {', '.join(map(str, cfg['modules_to_save']))} whole (modules_to_save)"
     if cfg.get("use_dora"):
         return "it is a DoRA adapter (use_dora)"
+    if cfg.get("trainable_token_indices"):
+        return "it trains embedding rows of single tokens (trainable_token_indices: a template's turn markers)"
     embedded = [t for t in _targets(cfg) if re.search(r"embed|lm_head|wte", t)]
     if embedded:
         return f"it puts LoRA on the embedding or output layer ({', '.join(embedded)})"

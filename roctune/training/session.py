@@ -29,6 +29,7 @@ class Setup:
     checkpointing: object = None  # roctune.memory.plan.Checkpointing: layers checkpointed, MLP tiles, offload
     tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
     template: dict = field(default_factory=dict)  # {"name": a templates row or None (the model's own), "reason"}
+    turn_tokens: dict = field(default_factory=dict)  # {token: id}: a row's markers, whose rows LoRA trains too
 
 
 def choose(cfg, base_model: str) -> Setup:
@@ -59,6 +60,7 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     silenced on every rank but 0 by the caller's use of `dist.is_main`."""
     from roctune.hardware import preflight
     from roctune.data.preview import template_choice
+    from roctune.data.templates import turn_token_ids
     from roctune.data.render import RenderOptions, detect_tool_format
     from roctune.models import load_tokenizer
 
@@ -85,6 +87,7 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     tokenizer = load_tokenizer(base_model, cfg.trust_remote_code, requested)
     shown = template_choice(tokenizer, RenderOptions.from_config(cfg))
     setup.template = {"name": shown["name"], "reason": shown["reason"]}
+    setup.turn_tokens = turn_token_ids(tokenizer, shown["name"])
     setup.tool_format = detect_tool_format(tokenizer)
     if dist.is_main:
         say(f"chat template: {shown['name'] or 'own'} ({shown['reason']})")
