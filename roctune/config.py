@@ -107,7 +107,7 @@ class TrainConfig:
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
     beta: float = setting(0.1, "dpo: how far the policy may move from the reference", gt=0, group="model",
-                zh=("beta", "dpo：策略可以偏离参考模型多远"))
+                zh=("β 系数", "dpo：策略可以偏离参考模型多远"))
     # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
     pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
                              "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "
@@ -333,20 +333,22 @@ class TrainConfig:
             check_value(f, getattr(self, f.name))
             _check_utf8(f.name, getattr(self, f.name))
         if not self.data:
-            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion JSON/JSONL)")
+            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion "
+                              "JSON/JSONL)", key="no_data", field="data")
         if not self.output:
-            raise ConfigError("no output directory: pass --output DIR")
+            raise ConfigError("no output directory: pass --output DIR", key="no_output", field="output")
         self._check_conflicts()
         return self
 
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
-            raise ConfigError("set --epochs > 0 or --max-steps > 0")
+            raise ConfigError("set --epochs > 0 or --max-steps > 0", key="no_steps", field="max_steps")
         if self.streaming and (not self.data_cache or self.stage != "sft"):
             raise ConfigError("--streaming tokenizes into the data cache for sft; drop --no-data-cache "
                               "(or --streaming for dpo)")
         if self.resume and self.overwrite:
-            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
+            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them",
+                              key="resume_and_overwrite", field="overwrite")
         if self.method == "qlora" and self.fsdp:
             raise ConfigError("--fsdp cannot shard a 4-bit (qlora) base model; use --method lora with --fsdp, "
                               "or qlora without --fsdp")
@@ -354,7 +356,8 @@ class TrainConfig:
             raise ConfigError(f"--resume is not supported with --method {self.method} yet (checkpoints of a "
                               "whole model are saved but not reloaded); start a new run")
         if self.adapter and not os.path.isdir(self.adapter):
-            raise ConfigError(f"--adapter {self.adapter}: no such directory")
+            raise ConfigError(f"--adapter {self.adapter}: no such directory", key="no_such_dir", field="adapter",
+                              path=self.adapter)
         if self.use_dora and self.method not in ("lora", "qlora"):
             raise ConfigError(f"--use-dora is a LoRA variant; it does not apply to --method {self.method}")
         if not self.freeze_trainable_modules:
@@ -509,23 +512,26 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     for one in value if isinstance(value, list) and meta.get("choices") else [value]:
         if meta.get("choices") and one not in meta["choices"]:
-            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})")
-    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")})
+            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})",
+                              key="choice", field=f.name, choices=", ".join(meta["choices"]), got=repr(one))
+    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")}, field=f.name)
 
 
 def check_number(name: str, value: Any, ge: float | None = None, gt: float | None = None, le: float | None = None,
-                 lt: float | None = None) -> None:
+                 lt: float | None = None, field: str | None = None) -> None:
     """A number from a flag: finite and within the bounds, or a ConfigError naming `name` (e.g. --top-p).
     Commands whose flags are not training settings check theirs with this, so every number is refused the
     same way (None and non-numbers pass: argparse has typed them)."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number (got {value})")
+        raise ConfigError(f"{name} must be a finite number (got {value})", key="not_finite", field=field,
+                          got=value)
     for bound, ok, word in ((ge, lambda v, b: v >= b, ">="), (gt, lambda v, b: v > b, ">"),
                             (le, lambda v, b: v <= b, "<="), (lt, lambda v, b: v < b, "<")):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})")
+            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})", key="bound", field=field,
+                              op=word, limit=f"{bound:g}", got=f"{value:g}")
 
 
 def check_settings(args: Any, names: tuple[str, ...]) -> None:
@@ -588,19 +594,21 @@ def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
             return False
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
     if k in ("int", "float"):
-        return _number(name, value, int if k == "int" else float)
+        return _number(name, value, int if k == "int" else float, f.name)
     return None if value is None else str(value)
 
 
-def _number(name: str, value: Any, typ: type) -> Any:
+def _number(name: str, value: Any, typ: type, field: str | None = None) -> Any:
     if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
+        raise ConfigError(f"{name}: expected a number, got {value!r}", key="not_number", field=field, got=repr(value))
     try:
         out = typ(value) if typ is float or not isinstance(value, float) else None
     except (TypeError, ValueError, OverflowError):
         out = None
     if out is None or (typ is int and isinstance(value, str) and not value.strip().lstrip("+-").isdigit()):
-        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
+        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}",
+                          key="not_integer" if typ is int else "not_number", field=field,
+                          got=repr(value))
     return out
 
 
