@@ -13,7 +13,7 @@ def finding_row(f) -> str:
         detail += f'<div class="rt-fix"><b>{t("fix:")}</b> <code>{esc(f.fix)}</code></div>'
     color = LEVEL_COLOR.get(f.level, "inherit")
     return (f'<tr><td><code>{esc(f.id)}</code></td>'
-            f'<td style="color:{color};font-weight:bold">{f.level.upper()}</td><td>{detail}</td></tr>')
+            f'<td style="color:{color};font-weight:bold">{t(f.level.upper())}</td><td>{detail}</td></tr>')
 
 
 def doctor_html() -> str:
@@ -30,7 +30,7 @@ def doctor_html() -> str:
     verdict = report.verdict
     head = esc(t("torch {version} ({backend}); GPUs: {gpus}; verdict:", version=torch.get("version") or "missing",
                  backend=torch.get("backend"), gpus=gpus))
-    return (f'<p>{head} <b id="rt-verdict" style="color:{LEVEL_COLOR[verdict]}">{verdict.upper()}</b></p>'
+    return (f'<p>{head} <b id="rt-verdict" style="color:{LEVEL_COLOR[verdict]}">{t(verdict.upper())}</b></p>'
             f'<table class="rt-table" id="rt-doctor"><thead><tr><th>{t("check")}</th><th>{t("level")}</th>'
             f'<th>{t("finding (why, fix)")}</th></tr></thead><tbody>{rows}</tbody></table>')
 
