@@ -61,9 +61,9 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
         on_lists = _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change], lang)
-        train.wire_last_run(gr, app, train_ui, ws, state, lang, followers=[chat_ui.adapter, eval_ui.adapter,
-                                                                            export_ui.adapter])
-        again = [(doctor_again[0], [], doctor_again[1]), *train_ui.again, on_lists]
+        last_run = train.wire_last_run(gr, app, train_ui, ws, state, lang,
+                                       followers=[chat_ui.adapter, eval_ui.adapter, export_ui.adapter])
+        again = [(doctor_again[0], [], doctor_again[1]), *train_ui.again, on_lists, last_run]
         _wire_language(gr, app, picker, lang, saved, again=again)
         app._roctune_state = state
         app._roctune_workspace = ws

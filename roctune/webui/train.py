@@ -113,7 +113,6 @@ def loss_frame(metrics: list[dict]):
     return frame.astype({"step": "int64", "loss": "float64"})
 
 
-ONE_RUN = "One training at a time per server: Start is refused while a run trains (stop it first)."
 def plot_update(gr, metrics: list[dict], total: int | None = None):
     """The loss curve with sane axes: steps from 0 to the run's total (whole-number labels), the loss from 0 to a
     little above its largest value, so one point or a flat curve still has two ends to its axes."""
@@ -123,6 +122,7 @@ def plot_update(gr, metrics: list[dict], total: int | None = None):
     return gr.update(value=frame, x_lim=[0, max(1, total or 0, last)], y_lim=[0, max(top * 1.1, 1e-3)])
 
 
+ONE_RUN = "One training at a time per server: Start is refused while a run trains (stop it first)."
 TRUST_OFF = "off: start the server with `roctune webui --trust-remote-code` to allow a model's own code"
 
 
@@ -376,13 +376,22 @@ def last_run_handler(gr, ui, ws, state, n_followers: int):
         status, metrics, phase = read_status(folder), read_metrics(folder), run_state(folder)
         kind = {"done": "ok", "failed": "error"}.get(phase, "info")
         line = box(t("last run of the workspace: {path} ({state})", path=folder, state=t(phase)), kind)
-        return (line, progress_html(status), plot_update(gr, metrics, (status or {}).get("total")), folder, *((folder,) * n_followers),
-                *form_values(cfg, names), gr.Timer(active=False))
+        plot = plot_update(gr, metrics, (status or {}).get("total"))
+        return (line, progress_html(status), plot, folder, *((folder,) * n_followers), *form_values(cfg, names),
+                gr.Timer(active=False))
 
-    return on_open, names
+    @in_language
+    def on_switch():  # the language changed: the last run's lines again, the form as the user left it
+        out = on_open.__wrapped__()
+        return out[:2] if state["job"] is None else (keep, keep)
+
+    return on_open, on_switch, names
 
 
 def wire_last_run(gr, app, ui, ws, state, lang, followers: list) -> None:
-    on_open, names = last_run_handler(gr, ui, ws, state, len(followers))
+    """The workspace's last run on a page opened or reloaded; returns (handler, inputs, outputs) to run again when
+    the language changes."""
+    on_open, on_switch, names = last_run_handler(gr, ui, ws, state, len(followers))
     app.load(on_open, [lang], [ui.status, ui.progress, ui.plot, ui.done, *followers,
                                *[ui.fields[n] for n in names], ui.timer])
+    return on_switch, [], [ui.status, ui.progress]
