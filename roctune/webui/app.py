@@ -101,9 +101,11 @@ def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
         switched = switched.then(handler, [*inputs, lang], outputs, show_progress="hidden")
     names = {code: name for name, code in i18n.LANGS.items()}
 
-    def on_open(code, request: gr.Request):  # first visit: the browser's language (its Accept-Language header)
+    def on_open(code, request):  # first visit: the browser's language (its Accept-Language header)
         header = request.headers.get("accept-language", "") if request is not None else ""
         return names.get(code) or names[i18n.from_accept_language(header)]
+
+    on_open.__annotations__ = {"request": gr.Request}  # Gradio passes the request by this type (gradio is local)
 
     app.load(on_open, saved, picker, show_progress="hidden")
 

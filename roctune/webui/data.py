@@ -36,7 +36,7 @@ def preview_rows(paths_text: str | list[str], limit: int = PREVIEW_ROWS) -> tupl
     paths = _need_paths(data_paths(paths_text))
     rows = []
     for ex in iter_examples(paths):
-        prompt = "\n".join(f"[{m['role']}] {m['content']}" for m in ex.messages[:-1])
+        prompt = "\n".join(f"[{t(m['role'])}] {m['content']}" for m in ex.messages[:-1])
         rows.append([ex.where, prompt, ex.messages[-1]["content"]])
         if len(rows) >= limit:
             break

@@ -334,5 +334,14 @@ ZH: dict[str, str] = {
     "merged model saved to {path}": "合并后的模型已保存到 {path}", "exported to {path}": "已导出到 {path}",
     "quant": "量化类型", "dtype": "数据类型",
     # doctor
+    "PyTorch build": "PyTorch 版本与后端", "WSL": "WSL 环境", "access to the AMD GPU": "AMD GPU 访问权限",
+    "QLoRA (4-bit)": "QLoRA（4 位量化）", "FlashAttention": "FlashAttention 加速", "training precision": "训练精度",
+    "AMD kernel driver (/dev/kfd)": "AMD 内核驱动（/dev/kfd）", "GPU in PyTorch": "PyTorch 能否使用 GPU",
+    "package versions": "依赖包版本", "NVIDIA driver": "NVIDIA 驱动", "several GPUs: IOMMU": "多 GPU：IOMMU",
+    "several GPUs": "多 GPU", "visible GPUs": "可见的 GPU", "several GPUs: peer to peer": "多 GPU：点对点通信",
+    "several GPUs: mixed models": "多 GPU：型号混用", "training on the CPU": "在 CPU 上训练",
+    "attention kernel": "注意力实现", "ROCm version": "ROCm 版本", "AMD render device (/dev/dri)": "AMD 渲染设备（/dev/dri）",
+    "details (English)": "详情（英文）",
+    "system": "系统", "user": "用户", "assistant": "助手",
     "OK": "正常", "WARN": "警告", "FAIL": "失败",
 }
