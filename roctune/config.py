@@ -87,7 +87,7 @@ class TrainConfig:
                     "用于没有模板的模型或替换它自带的；默认：模型自带的，否则用其系列的模板"))
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
                                "--resume does not tokenize again", group="data",
-                zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或 --resume 时不必重新分词"))
+                zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或“继续训练”时不必重新分词"))
     streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
                               "and train from it memory-mapped: for datasets larger than memory (sft)", group="data",
                 zh=("流式读取", "分块读取并分词，直接写入磁盘缓存，训练时内存映射读取：用于比内存还大的数据集（sft）"))
@@ -102,7 +102,7 @@ class TrainConfig:
                          "'text' column, packed into --max-length blocks), dpo (preference pairs: "
                          "prompt/chosen/rejected, or LLaMA-Factory ranking data) or grpo (RL from rewards on prompts)",
                          choices=STAGES, group="model",
-                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
+                zh=("训练阶段", "sft（监督学习回答）、pt（继续预训练：原始文本，.txt 文件或 'text' 列，打包成“最大长度”长的块）、dpo（偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据）或 grpo（基于奖励的强化学习，只需提示词）"))
     adapter: str | None = setting(None, "start from this LoRA adapter (e.g. the SFT run before dpo)", metavar="DIR",
                                   group="model",
                 zh=("起始适配器", "从这个 LoRA 适配器开始训练（例如 dpo 之前的 SFT 运行）"))
@@ -118,10 +118,10 @@ class TrainConfig:
     label_smoothing: float = setting(0.0, "dpo: probability in [0, 0.5) that a preference label is flipped "
                                      "(--pref-loss robust, simpo, and sigmoid as conservative DPO)", ge=0, lt=0.5,
                                      group="model",
-                zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（--pref-loss robust、simpo，以及 sigmoid 即保守 DPO）"))
+                zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（“偏好损失”robust、simpo，以及 sigmoid 即保守 DPO）"))
     simpo_gamma: float = setting(0.5, "dpo: --pref-loss simpo's target reward margin (TRL's simpo_gamma)", ge=0,
                                  group="model",
-                zh=("SimPO gamma", "dpo：--pref-loss simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
+                zh=("SimPO gamma", "dpo：“偏好损失”simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
     trust_remote_code: bool = setting(False, "run code from the model repository (off by default; command line only)",
                                       group="model", cli_only=True,
                 zh=("信任远程代码", "运行模型仓库中的代码（默认关闭；只能在命令行开启）"))
@@ -142,10 +142,10 @@ class TrainConfig:
                 zh=("KL 系数", "grpo：到参考模型的 KL 惩罚权重（TRL 的 beta；参考模型是关闭适配器的基础模型：仅 lora/qlora）"))
     epsilon: float = setting(0.2, "grpo: clip the importance ratio below at 1 - epsilon (and above, unless "
                              "--epsilon-high)", gt=0, lt=1, group="rl",
-                zh=("裁剪范围 epsilon", "grpo：重要性比率下限裁剪到 1 - epsilon（未设 --epsilon-high 时上限同理）"))
+                zh=("裁剪范围 epsilon", "grpo：重要性比率下限裁剪到 1 - epsilon（未设“上限裁剪 epsilon_high”时上限同理）"))
     epsilon_high: float | None = setting(None, "grpo: upper clip 1 + epsilon_high (DAPO uses 0.28; default: "
                                          "--epsilon)", gt=0, group="rl",
-                zh=("上限裁剪 epsilon_high", "grpo：上限裁剪到 1 + epsilon_high（DAPO 用 0.28；默认等于 --epsilon）"))
+                zh=("上限裁剪 epsilon_high", "grpo：上限裁剪到 1 + epsilon_high（DAPO 用 0.28；默认等于“裁剪范围 epsilon”）"))
     loss_type: str = setting("dapo", "grpo: averaging of per-token terms: dapo (over the step's tokens), grpo (per "
                              "completion, then over completions), dr_grpo (by completions x max length), bnpo "
                              "(per micro-batch tokens)", choices=LOSS_TYPES, group="rl",
@@ -159,7 +159,7 @@ class TrainConfig:
     rewards: list[str] = setting([], "grpo: built-in rewards: answer (equals --answer-column), format "
                                  "(--format-regex matches), length (soft overlong penalty), json (parses)",
                                  choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",),
-                zh=("内置奖励", "grpo：内置奖励：answer（等于 --answer-column）、format（匹配 --format-regex）、length（超长软惩罚）、json（可解析）"))
+                zh=("内置奖励", "grpo：内置奖励：answer（等于“答案列”）、format（匹配“格式正则”）、length（超长软惩罚）、json（可解析）"))
     reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
                                         "the --reward-file functions (default: all 1)", metavar="W", group="rl",
                 zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数（默认都为 1）"))
@@ -174,7 +174,7 @@ class TrainConfig:
                 zh=("格式正则", "grpo：format 奖励查找的正则表达式（re.search；用 ^...$ 锚定）"))
     length_penalty_window: int = setting(0, "grpo: the length reward falls from 0 to -1 over the last N tokens "
                                          "before --max-completion-length (0: a quarter of it)", ge=0, group="rl",
-                zh=("长度惩罚窗口", "grpo：在 --max-completion-length 之前的最后 N 个 token 内，length 奖励从 0 降到 -1（0：取其四分之一）"))
+                zh=("长度惩罚窗口", "grpo：在“最大生成长度”之前的最后 N 个 token 内，length 奖励从 0 降到 -1（0：取其四分之一）"))
     completion_samples_steps: int = setting(0, "grpo: every N steps, write the step's first completions with their "
                                             "rewards to DIR/completions.jsonl (0: never)", ge=0, group="rl",
                 zh=("回答样例间隔", "grpo：每 N 步把本步的前几个回答及其奖励写入 DIR/completions.jsonl（0：从不）"))
@@ -182,11 +182,11 @@ class TrainConfig:
                                   "in this process) or vllm (a vLLM server started for the run and given the "
                                   "adapter each step; --method lora only; vLLM from `make vllm` or "
                                   "$ROCTUNE_VLLM_PYTHON)", choices=ROLLOUT_ENGINES, group="rl",
-                zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅 --method lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
+                zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅“微调方法”lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
     max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000, unset=-1,
-                zh=("最大步数", "优化器步数（大于 0 时覆盖 --epochs）"))
+                zh=("最大步数", "优化器步数（大于 0 时覆盖“训练轮数”）"))
     epochs: float = setting(1.0, "passes over the training data", ge=0, le=100_000,
                 zh=("训练轮数", "遍历训练数据的次数"))
     lr: float = setting(2e-4, "peak learning rate", gt=0,
@@ -262,9 +262,9 @@ class TrainConfig:
                                    "loss.png always)", choices=TRACKERS, metavar="NAME", group="run",
                 zh=("记录到", "同时记录到这些跟踪工具（逗号分隔；metrics.jsonl 和 loss.png 总会写）"))
     resume: bool = setting(False, "continue from the last checkpoint in --output", group="run",
-                zh=("继续训练", "从 --output 中最后一个检查点继续"))
+                zh=("继续训练", "从“输出目录”中最后一个检查点继续"))
     overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run",
-                zh=("覆盖", "替换 --output 中以前的 roctune 运行"))
+                zh=("覆盖", "替换“输出目录”中以前的 roctune 运行"))
     # ---- hardware
     device: str = setting("auto", "cuda means NVIDIA or AMD ROCm", choices=("auto", "cuda", "cpu"), group="hardware",
                 zh=("设备", "cuda 表示 NVIDIA 或 AMD ROCm"))
@@ -290,7 +290,7 @@ class TrainConfig:
     # ---- several processes
     nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
                          "(gloo)", ge=1, metavar="N", group="processes",
-                zh=("进程数", "本机的进程数：每个 GPU 一个（DDP），或配合 --device cpu 使用 N 个 CPU 进程（gloo）"))
+                zh=("进程数", "本机的进程数：每个 GPU 一个（DDP），或配合“设备”cpu 使用 N 个 CPU 进程（gloo）"))
     fsdp: bool = setting(False, "shard the model over the processes (FSDP) instead of a full copy in each",
                          group="processes",
                 zh=("FSDP 分片", "把模型分片到各进程（FSDP），而不是每个进程一份完整副本"))

@@ -20,8 +20,21 @@ ALLOWED = {
     "JSON", "JSONL", "CSV", "TSV", "Parquet", "GGUF", "Ollama", "llama", "cpp", "Modelfile", "DEPLOY", "md",
     "transformers", "torch", "PyTorch", "BLEU", "ROUGE", "PII", "IP", "ID", "KL", "SimPO", "RoPE", "FSDP", "TRL",
     "sft", "dpo", "grpo", "pt", "lora", "qlora", "freeze", "full", "auto", "sdpa", "eager", "SFT", "DPO", "GRPO",
-    "alpha", "dropout", "logits", "LLaMA", "Factory", "yaml", "YAML", "cpu", "cuda",
+    "alpha", "dropout", "logits", "LLaMA", "Factory", "yaml", "YAML", "cpu", "cuda", "ADAPTER", "gguf", "lora-gguf",
+    "FlashAttention", "IOMMU", "WSL", "AdamW", "Hub", "rsLoRA", "sqrt", "r", "think", "text", "prompt", "chosen",
+    "rejected", "DIR", "PATH", "W", "N", "TYPE", "NF4", "all", "all-linear", "mlp", "self_attn", "norm", "epsilon",
+    "gamma", "DAPO", "vLLM", "name",
 }
+
+
+def _choice_values() -> set[str]:
+    """The values of the settings' choices (a template, a loss, a scheduler): names a user picks as they are."""
+    from roctune import config
+
+    return {str(c) for s in config.form_fields() for c in (s["choices"] or ())}
+
+
+ALLOWED |= _choice_values()
 # Gradio's own parts of the page that a handler does not write (its progress timer, hidden templates)
 GRADIO_OWN = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .toast-wrap, .wrap.default, svg, .hide"
 
