@@ -132,8 +132,8 @@ def run_check(paths_text: str | list[str], max_length: float | None) -> str:
     tokenizer = None
     if max_length:  # empty or 0: no token statistics
         if max_length < 0:
-            raise ConfigError(t("--max-length must be a positive number of tokens"), key="data.max_length",
-                              field="max_length")
+            raise ConfigError(f"--max-length must be > 0 (got {max_length:g})", key="bound", field="max_length",
+                              op=">", limit="0", got=f"{max_length:g}")
         from roctune.models import load_tokenizer
 
         tokenizer = load_tokenizer(None)

@@ -293,7 +293,6 @@ ZH: dict[str, str] = {
     "Schema errors (training refuses this data until they are fixed):": "格式错误（修复之前训练会拒绝这份数据）：",
     "count": "数量", "first examples": "前几个例子",
     "schema errors: training refuses this data": "有格式错误：训练会拒绝这份数据", "no schema errors": "没有格式错误",
-    "--max-length must be a positive number of tokens": "最大长度必须是正的 token 数",
     "type": "类型", "placeholder": "占位符",
     "Redacted in {n} records ({changed} changed); wrote {path}": "已处理 {n} 条记录（{changed} 条有改动）；写入 {path}",
     # errors in the page's words (html.PAGE_ERRORS), with the form's field names
