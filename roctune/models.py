@@ -191,10 +191,11 @@ def resolve_model(name: str | None) -> str:
         check_model_files(expanded)
         return os.path.abspath(expanded)
     if expanded.startswith((".", "/", "~")) or os.sep in expanded and expanded.count("/") != 1:
-        raise ModelError(f"{name}: no such model directory")
+        raise ModelError(f"{name}: no such model directory", key="no_such_model", field="model", name=name)
     if name.count("/") != 1:
         raise ModelError(f"unknown model {name!r}: give a local model directory, a hub id like "
-                         "Qwen/Qwen2.5-0.5B-Instruct, or leave --model out for the bundled default")
+                         "Qwen/Qwen2.5-0.5B-Instruct, or leave --model out for the bundled default",
+                         key="no_such_model", field="model", name=name)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)

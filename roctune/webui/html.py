@@ -49,6 +49,8 @@ PAGE_ERRORS = {
                     "replace it, or choose another folder",
     "nothing_to_resume": "{field}: {path} holds no run to continue; untick it to start a new run",
     "no_such_dir": "{field} {path}: no such folder",
+    "no_such_model": "{field} {name}: not found; pick one from the list, or give a model folder in the workspace or "
+                     "a hub id (org/name)",
 }
 
 

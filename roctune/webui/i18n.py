@@ -311,6 +311,8 @@ ZH: dict[str, str] = {
     "{field}: {path} holds no run to continue; untick it to start a new run":
         "{field}：{path} 中没有可继续的运行；取消勾选即可开始新的运行",
     "{field} {path}: no such folder": "{field} {path}：目录不存在",
+    "{field} {name}: not found; pick one from the list, or give a model folder in the workspace or a hub id "
+    "(org/name)": "{field} {name}：找不到；请从列表中选择，或填写工作区中的模型目录或 Hub 上的模型 ID（组织/名称）",
     # train
     "One training at a time per server: Start is refused while a run trains (stop it first).":
         "每个服务同一时间只能进行一个训练：训练进行时会拒绝再次开始（请先停止）。",
