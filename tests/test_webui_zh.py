@@ -216,3 +216,20 @@ def test_export_reports_only_files_that_exist_after_it(tmp_path):
     (tmp_path / ".tmp-1234").mkdir()  # a staging folder: never reported
     text = written("exported", str(tmp_path))
     assert text.splitlines() == ["exported", "  Modelfile  (0.0 MiB)", "  model.gguf  (1.0 MiB)"]
+
+
+def test_eval_report_in_the_page_language():
+    from roctune.webui.eval import report_html
+    from roctune.webui.i18n import language
+
+    scores = {"loss": 2.0, "perplexity": 7.39, "bleu4": 10.0, "rouge1": 20.0, "rouge2": 5.0, "rougeL": 18.0,
+              "exact_match": 0.0}
+    result = {"n": 1, "meta": {"data": ["held.jsonl"], "max_new_tokens": 16}, "base": scores,
+              "tuned": dict(scores, loss=1.5, rougeL=30.0),
+              "examples": [{"index": 0, "prompt": "你好", "reference": "你好！", "base": {"answer": "嗨", "rougeL": 0.0},
+                            "tuned": {"answer": "你好！", "rougeL": 100.0}}]}
+    with language("zh"):
+        page = report_html(result)
+    assert "损失（越低越好）" in page and "-0.5000" in page and "微调后的回答" in page
+    shown = re.sub(r"<[^>]+>|held\.jsonl|token|BLEU|ROUGE|&rarr;|rt-[a-z]+", "", page)
+    assert not re.search(r"[A-Za-z]{2,}", shown), shown

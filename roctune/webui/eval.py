@@ -39,7 +39,8 @@ def report_html(result: dict) -> str:
         base, tuned = result["base"][k], result["tuned"][k]
         better = t("lower is better") if k in LOWER_IS_BETTER else t("higher is better")
         delta = f"{tuned - base:+.4f}" if k in LOWER_IS_BETTER else f"{tuned - base:+.2f}"
-        rows += f"<tr><td>{esc(t(label))} ({better})</td><td>{base}</td><td>{tuned}</td><td>{delta}</td></tr>"
+        name = esc(t("{metric} ({better})", metric=t(label), better=better))
+        rows += f"<tr><td>{name}</td><td>{base}</td><td>{tuned}</td><td>{delta}</td></tr>"
     heads = "".join(f"<th>{t(h)}</th>" for h in ("metric", "base model", "fine-tuned", "change"))
     ex = "".join(
         f"<tr><td>{e['index'] + 1}</td><td>{esc(e['prompt'])}</td><td>{esc(e['reference'])}</td>"
