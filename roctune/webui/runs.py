@@ -54,9 +54,9 @@ def build(gr, ws) -> SimpleNamespace:
             ui.second = gr.Dropdown([], label="second run", allow_custom_value=True, elem_id="rt-runs-second")
         with gr.Row():
             ui.plot1 = gr.LinePlot(curve(ws, None), x="step", y="loss", title="first run", height=260,
-                                   elem_id="rt-runs-plot1")
+                                   x_axis_format="d", elem_id="rt-runs-plot1")
             ui.plot2 = gr.LinePlot(curve(ws, None), x="step", y="loss", title="second run", height=260,
-                                   elem_id="rt-runs-plot2")
+                                   x_axis_format="d", elem_id="rt-runs-plot2")
 
     @guard("webui", 2)
     def on_refresh():
