@@ -23,7 +23,7 @@ ALLOWED = {
     "alpha", "dropout", "logits", "LLaMA", "Factory", "yaml", "YAML", "cpu", "cuda", "ADAPTER", "gguf", "lora-gguf",
     "FlashAttention", "IOMMU", "WSL", "AdamW", "Hub", "rsLoRA", "sqrt", "r", "think", "text", "prompt", "chosen",
     "rejected", "DIR", "PATH", "W", "N", "TYPE", "NF4", "all", "all-linear", "mlp", "self_attn", "norm", "epsilon",
-    "gamma", "DAPO", "vLLM", "name",
+    "gamma", "DAPO", "vLLM", "name", "English",
 }
 
 
@@ -45,6 +45,7 @@ VISIBLE_TEXT = """(skip) => {
     const el = n.parentElement;
     if (!el || !n.textContent.trim() || el.closest(skip) || el.closest('script, style, code, pre')) continue;
     if (!el.checkVisibility({checkOpacity: true, checkVisibilityCSS: true})) continue;
+    if (el.closest('details:not([open])') && !el.closest('summary')) continue;  // folded away
     out.push(n.textContent);
   }
   for (const el of document.querySelectorAll('input[placeholder], textarea[placeholder]')) {
