@@ -4,6 +4,7 @@ Every path is checked against the workspace (`Workspace`) before anything is rea
 from __future__ import annotations
 
 import os
+import re
 from types import SimpleNamespace
 
 from roctune.webui.html import LEVEL_COLOR, box, esc, guard
@@ -79,13 +80,34 @@ CHECK_WHAT = {"empty_fields": "records with an empty or whitespace-only turn",
               "eval_overlap": "training records also in the eval data"}
 
 
+# check_data's example lines (English, for the CLI) as (pattern, the page's template); a line that matches none
+# is shown as it is
+EXAMPLE_FORMS = ((re.compile(r"^(?P<a>.+) repeats (?P<b>.+)$"), "{a} repeats {b}"),
+                 (re.compile(r"^(?P<n>\d+) different answers: (?P<where>.+?)(?: and (?P<more>\d+) more)?$"),
+                  "{n} different answers: {where}"),
+                 (re.compile(r"^(?P<where>.+): (?P<role>\w+) turn (?P<i>\d+) is empty$"),
+                  "{where}: {role} turn {i} is empty"))
+
+
+def example_text(line: str) -> str:
+    for pattern, template in EXAMPLE_FORMS:
+        m = pattern.match(line)
+        if m:
+            values = {k: v for k, v in m.groupdict().items() if k != "more"}
+            if "role" in values:
+                values["role"] = t(values["role"])
+            more = t(" and {k} more", k=m["more"]) if m.groupdict().get("more") else ""
+            return t(template, **values) + more
+    return line
+
+
 def _warning_rows(report: dict) -> str:
     rows = []
     for name, f in report["warnings"].items():
         if name == "eval_overlap" and not report["eval_paths"]:
             continue
         color = LEVEL_COLOR["warn"] if f["count"] else LEVEL_COLOR["ok"]
-        ex = "<br>".join(esc(x) for x in f["examples"][:3])
+        ex = "<br>".join(esc(example_text(x)) for x in f["examples"][:3])
         title, what = t(CHECK_NAMES.get(name, name)), t(CHECK_WHAT[name]) if name in CHECK_WHAT else f["what"]
         rows.append(f"<tr><td>{esc(title)}<div class='rt-why'>{esc(what)}</div></td>"
                     f"<td style='color:{color};font-weight:bold'>{f['count']}</td><td>{ex}</td></tr>")

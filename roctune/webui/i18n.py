@@ -292,6 +292,8 @@ ZH: dict[str, str] = {
         "从 {paths} 读取 <b>{n}</b> 条记录：{valid} 条有效，{bad} 条格式错误",
     "Schema errors (training refuses this data until they are fixed):": "格式错误（修复之前训练会拒绝这份数据）：",
     "count": "数量", "first examples": "前几个例子",
+    "{a} repeats {b}": "{a} 与 {b} 重复", "{n} different answers: {where}": "{n} 种不同回答：{where}",
+    " and {k} more": " 等（另有 {k} 条）", "{where}: {role} turn {i} is empty": "{where}：第 {i} 轮（{role}）为空",
     "schema errors: training refuses this data": "有格式错误：训练会拒绝这份数据", "no schema errors": "没有格式错误",
     "type": "类型", "placeholder": "占位符",
     "Redacted in {n} records ({changed} changed); wrote {path}": "已处理 {n} 条记录（{changed} 条有改动）；写入 {path}",
