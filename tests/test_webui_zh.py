@@ -23,7 +23,7 @@ ALLOWED = {
     "alpha", "dropout", "logits", "LLaMA", "Factory", "yaml", "YAML", "cpu", "cuda", "ADAPTER", "gguf", "lora-gguf",
     "FlashAttention", "IOMMU", "WSL", "AdamW", "Hub", "rsLoRA", "sqrt", "r", "think", "text", "prompt", "chosen",
     "rejected", "DIR", "PATH", "W", "N", "TYPE", "NF4", "all", "all-linear", "mlp", "self_attn", "norm", "epsilon",
-    "gamma", "DAPO", "vLLM", "name", "English",
+    "gamma", "DAPO", "vLLM", "name", "English", "tiny",  # tiny: the test model's folder name
 }
 
 
@@ -38,7 +38,7 @@ ALLOWED |= _choice_values()
 # Gradio's own parts of the page that a handler does not write (its progress timer, hidden templates)
 GRADIO_OWN = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .toast-wrap, .wrap.default, svg, .hide"
 # the dataset's own text (the preview table's cells, what training learns from a record): data, not the page
-DATA_TEXT = ".rt-learned, #rt-preview-table tbody"
+DATA_TEXT = ".rt-learned, #rt-preview-table tbody, .cm-editor"  # .cm-editor: the command and YAML (code)
 
 VISIBLE_TEXT = """(skip) => {
   const out = [];

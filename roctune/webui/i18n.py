@@ -101,8 +101,9 @@ def texts_of(block) -> dict[str, str]:
            and getattr(block, p)}
     if type(block).__name__ in VALUE_KINDS and isinstance(getattr(block, "value", None), str):
         out["value"] = block.value
-    if type(block).__name__ == "LinePlot" and isinstance(getattr(block, "title", None), str):
-        out["title"] = block.title
+    if type(block).__name__ == "LinePlot":
+        out.update({p: getattr(block, p) for p in ("title", "x_title", "y_title")
+                    if isinstance(getattr(block, p, None), str) and getattr(block, p)})
     return out
 
 
@@ -206,7 +207,7 @@ ZH: dict[str, str] = {
     "starting": "启动中", "tokenizing the data": "正在分词", "loading the model": "正在加载模型",
     "training": "训练中", "evaluating": "评估中", "saving the final model": "正在保存最终模型",
     "done": "完成", "failed": "失败", "stopped": "已停止", "running": "运行中",
-    "step {step}/{total}": "第 {step}/{total} 步", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
+    "step {step}/{total}": "第 {step}/{total} 步", "step": "步", "loss": "损失", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
     "{n} tokens/s": "{n} token/秒", "ETA {eta}": "剩余 {eta}",
     "settings saved to {path}": "设置已保存到 {path}",
     "settings file {name}: a settings name is letters, digits, _ and - (saved as {folder}/NAME{suffix} in the "

@@ -169,8 +169,8 @@ def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
         ui.dismiss = gr.Button("Dismiss", size="sm", scale=0, min_width=100, visible=False, elem_id="rt-dismiss")
     ui.status = gr.HTML(elem_id="rt-train-status")
     ui.progress = gr.HTML(elem_id="rt-progress")
-    ui.plot = gr.LinePlot(loss_frame([]), x="step", y="loss", title="training loss", height=300, x_axis_format="d",
-                          elem_id="rt-loss-plot")
+    ui.plot = gr.LinePlot(loss_frame([]), x="step", y="loss", x_title="step", y_title="loss", title="training loss",
+                          height=300, x_axis_format="d", elem_id="rt-loss-plot")
     ui.done = gr.Textbox(label="run directory when done", interactive=False, elem_id="rt-run-dir")
     with gr.Accordion("log", open=False):
         ui.log = gr.Textbox(lines=12, max_lines=12, show_label=False, autoscroll=True, elem_id="rt-train-log")
