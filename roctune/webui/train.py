@@ -316,7 +316,11 @@ def estimate_handler(gr, names: list[str], ws):
     def on_estimate(*v):
         values = {k: x for k, x in zip(names, v) if k in ESTIMATE_FIELDS}
         try:
-            return memory_html(fill_config(values, ws)[0]), gr.update(interactive=True)
+            from roctune.config import check_settings
+
+            cfg = fill_config(values, ws)[0]
+            check_settings(cfg, ESTIMATE_FIELDS)  # a bad number: the settings' own keyed error, as Start gives it
+            return memory_html(cfg), gr.update(interactive=True)
         except Exception as e:  # noqa: BLE001 - the reason, where the estimate would be
             from roctune.errors import ModelError
 
