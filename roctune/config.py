@@ -114,7 +114,7 @@ class TrainConfig:
                              "loss of the chosen answer), simpo (length-normalised margin; try --beta 2)",
                              choices=PREF_LOSSES, group="model",
                 zh=("偏好损失", "dpo：偏好损失：sigmoid（DPO）、ipo、hinge、robust（标签翻转噪声），或不需要参考模型（省去参考打分）："
-                    "orpo（几率比 + 选中回答的 SFT 损失）、simpo（按长度归一化的差距；可试 --beta 2）"))
+                    "orpo（几率比 + 选中回答的 SFT 损失）、simpo（按长度归一化的差距；可试把“β 系数”设为 2）"))
     label_smoothing: float = setting(0.0, "dpo: probability in [0, 0.5) that a preference label is flipped "
                                      "(--pref-loss robust, simpo, and sigmoid as conservative DPO)", ge=0, lt=0.5,
                                      group="model",
@@ -676,8 +676,8 @@ def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = No
 # ---------------------------------------------------------------------------------------- CLI flags
 GROUP_TITLES_ZH = {"data": "数据", "model": "模型与方法", "training": "优化", "lora": "LoRA 与冻结",
                    "run": "日志、评估与检查点", "hardware": "硬件",
-                   "processes": "多进程（有效批大小 = 批大小 x 梯度累积 x 进程数）",
-                   "rl": "强化学习（--stage grpo）"}
+                   "processes": "多进程（有效批大小 = 批大小 × 梯度累积 × 进程数）",
+                   "rl": "强化学习（训练阶段 grpo）"}
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
                 "processes": "several processes (effective batch = batch-size x grad-accum x processes)",
