@@ -141,7 +141,7 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         _shot(page, tmp_path, "zh-train-error", full_page=False)
 
         # a short run; a second Start is refused, naming the running job, and stays until dismissed
-        for elem, value in (("rt-train-max-length", "32"), ("rt-train-max-steps", "6"), ("rt-train-batch-size", "2"),
+        for elem, value in (("rt-train-max-length", "64"), ("rt-train-max-steps", "6"), ("rt-train-batch-size", "2"),
                             ("rt-train-grad-accum", "1")):
             _field(page, elem).fill(value)
         _field(page, "rt-train-grad-accum").press("Tab")
