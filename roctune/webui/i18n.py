@@ -217,7 +217,7 @@ ZH: dict[str, str] = {
     "unset": "未设置",
     "estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "
     "{params} parameters trained).":
-        "估计峰值内存：<b>{total}</b>，设备 {device}（{dtype}，批大小 {batch} x {length} 个 token，训练 {params} 个参数中"
+        "估计峰值内存：<b>{total}</b>，设备 {device}（{dtype}，批大小 {batch} × {length} 个 token，训练 {params} 个参数中"
         "的 {trained} 个）。",
     "fits {where} ({avail})": "在 {where} 内（{avail}）放得下",
     "does not fit {where} ({avail}): lower the max length or batch size (`roctune estimate --suggest`)":
