@@ -168,7 +168,7 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         run = str(tmp_path / "runs" / "zh")
         page.get_by_role("tab", name="训练").click()  # the page opens on the Doctor tab
         expect(page.locator("#rt-train-status")).to_contain_text(f"工作区中最近的运行：{run}（完成）")
-        expect(page.locator("#rt-train-max-steps input")).to_have_value("6")
+        expect(_field(page, "rt-train-max-steps")).to_have_value("6")
         expect(page.locator("#rt-loss-plot .mark-line path").first).to_be_visible()
         page.get_by_role("tab", name="评估").click()
         expect(page.locator("#rt-eval-adapter input")).to_have_value(run)
