@@ -11,10 +11,15 @@ class RoctuneError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, exit_code: int | None = None):
+    def __init__(self, message: str, exit_code: int | None = None, *, key: str | None = None,
+                 field: str | None = None, **values):
+        """`message` is the CLI's line (English, flag names). `key` names the message as data, `field` the setting
+        it is about and `values` what fills it in (limit, got, ...), so a front end (the web UI) can say the same
+        in its own language with its own names for the fields."""
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+        self.key, self.field, self.values = key, field, values
 
 
 class DataError(RoctuneError):

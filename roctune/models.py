@@ -236,7 +236,7 @@ def resolve_model(name: str | None) -> str:
         check_model_files(expanded)
         return os.path.abspath(expanded)
     if expanded.startswith((".", "/", "~")) or os.sep in expanded and expanded.count("/") != 1:
-        raise ModelError(f"{name}: no such model directory")
+        raise ModelError(f"{name}: no such model directory", key="no_such_model", field="model", name=name)
     pulled = pulled_dir(name)
     if pulled:
         return pulled
@@ -246,7 +246,7 @@ def resolve_model(name: str | None) -> str:
     if repo_id.count("/") != 1:
         raise ModelError(f"unknown model {name!r}: give a local model directory, a hub id like "
                          "Qwen/Qwen2.5-0.5B-Instruct (roctune models list), or leave --model out for the bundled "
-                         "default")
+                         "default", key="no_such_model", field="model", name=name)
     return _hub_cached(repo_id)
 
 

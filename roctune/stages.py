@@ -43,7 +43,7 @@ ROWS = (
     Stage("sft", "supervised answers", "监督学习回答", "roctune.data.records:load_records", "roctune.recipes.sft",
           streaming=True, truncation=True, sequence_parallel=True),
     Stage("pt", "continued pretraining on raw text: .txt files or a 'text' column, packed into --max-length blocks",
-          "继续预训练：原始文本，.txt 文件或 'text' 列，打包成 --max-length 长的块",
+          "继续预训练：原始文本，.txt 文件或 'text' 列，打包成“最大长度”长的块",
           "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False),
     Stage("dpo", "preference pairs: prompt/chosen/rejected, or LLaMA-Factory ranking data",
           "偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据",

@@ -73,26 +73,40 @@ def test_form_becomes_the_command_and_yaml_train_reads(tmp_path):
     assert form_values(from_sources(None, {}), names) == ["", [], None, "auto"]
 
 
-def test_page_shows_the_cli_error_line(tmp_path, capsys):
-    """The Train panel's message for bad input is the line the CLI prints on stderr."""
+def test_settings_errors_are_data_the_cli_and_the_page_each_word(tmp_path, capsys):
+    """One typed error per mistake (key, field, values): the CLI prints its line with flag names, unchanged; the
+    page says the same in its language with the form's field names, and names the field it is about."""
     from roctune.cli import main
     from roctune.webui import Workspace, error_line, form_config
+    from roctune.webui.i18n import language
 
     ws = Workspace(str(tmp_path))
     run = str(tmp_path / "run")
     data = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
-    for values, argv in (({"output": run}, ["--output", run]),                                   # no data
-                         ({"data": data, "output": run, "lr": 0.0}, ["--data", data, "--output", run, "--lr", "0"]),
-                         ({"data": data, "output": run, "lora_dropout": 1.0},
-                          ["--data", data, "--output", run, "--lora-dropout", "1"])):
+    cases = (
+        ({"output": run}, ["--output", run], "data",
+         "roctune train: error: no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion "
+         "JSON/JSONL)", "error: data: no training data; pick or upload a dataset", "出错：训练数据：没有训练数据"),
+        ({"data": data, "output": run, "lr": 0.0}, ["--data", data, "--output", run, "--lr", "0"], "lr",
+         "roctune train: error: --lr must be > 0 (got 0)", "error: lr: must be > 0 (got 0)", "出错：学习率：必须 > 0"),
+        ({"data": data, "output": run, "max_length": -5}, ["--data", data, "--output", run, "--max-length", "-5"],
+         "max_length", "roctune train: error: --max-length must be > 0 (got -5)",
+         "error: max length: must be > 0 (got -5)", "出错：最大长度：必须 > 0（当前为 -5）"),
+        ({"data": data, "output": run, "resume": True, "overwrite": True},
+         ["--data", data, "--output", run, "--resume", "--overwrite"], "overwrite",
+         "roctune train: error: --resume continues a run and --overwrite replaces it; pass one of them",
+         "error: overwrite replaces a run and resume continues it; tick only one of them", "只能勾选其中一个"),
+    )
+    for values, argv, field, cli_line, page_en, page_zh in cases:
         with pytest.raises(Exception) as e:
             form_config(values, ws)
         assert main(["train", *argv]) == 2
-        cli = capsys.readouterr().err.strip()
-        assert error_line("train", e.value) == cli and cli.startswith("roctune train: error: ")
-    with pytest.raises(Exception) as e:
-        form_config({"data": data, "output": run, "lr": 0.0}, ws)
-    assert str(e.value) == "--lr must be > 0 (got 0)"
+        assert capsys.readouterr().err.strip() == cli_line  # the CLI's output is unchanged
+        assert e.value.field == field
+        assert error_line("train", e.value) == page_en
+        with language("zh"):
+            zh = error_line("train", e.value)
+        assert page_zh in zh and "--" not in zh, zh
 
 
 # ------------------------------------------------------------------------------------------ workspace

@@ -37,7 +37,7 @@ class DataSettings:
                     "用于没有模板的模型或替换它自带的；默认：模型自带的，否则用其系列的模板"))
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "
                                "--resume does not tokenize again", group="data",
-                zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或 --resume 时不必重新分词"))
+                zh=("数据缓存", "把分词后的数据保存在 $ROCTUNE_HOME/cache/tokenized，重启或“继续训练”时不必重新分词"))
     streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
                               "and train from it memory-mapped: for datasets larger than memory (sft)", group="data",
                 zh=("流式读取", "分块读取并分词，直接写入磁盘缓存，训练时内存映射读取：用于比内存还大的数据集（sft）"))

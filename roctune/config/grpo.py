@@ -33,10 +33,10 @@ class GrpoSettings:
                 zh=("KL 系数", "grpo：到参考模型的 KL 惩罚权重（TRL 的 beta；参考模型是关闭适配器的基础模型：仅 lora/qlora）"))
     epsilon: float = setting(0.2, "grpo: clip the importance ratio below at 1 - epsilon (and above, unless "
                              "--epsilon-high)", gt=0, lt=1, group="rl",
-                zh=("裁剪范围 epsilon", "grpo：重要性比率下限裁剪到 1 - epsilon（未设 --epsilon-high 时上限同理）"))
+                zh=("裁剪范围 epsilon", "grpo：重要性比率下限裁剪到 1 - epsilon（未设“上限裁剪 epsilon_high”时上限同理）"))
     epsilon_high: float | None = setting(None, "grpo: upper clip 1 + epsilon_high (DAPO uses 0.28; default: "
                                          "--epsilon)", gt=0, group="rl",
-                zh=("上限裁剪 epsilon_high", "grpo：上限裁剪到 1 + epsilon_high（DAPO 用 0.28；默认等于 --epsilon）"))
+                zh=("上限裁剪 epsilon_high", "grpo：上限裁剪到 1 + epsilon_high（DAPO 用 0.28；默认等于“裁剪范围 epsilon”）"))
     loss_type: str = setting("dapo", "grpo: averaging of per-token terms: dapo (over the step's tokens), grpo (per "
                              "completion, then over completions), dr_grpo (by completions x max length), bnpo "
                              "(per micro-batch tokens)", choices=LOSS_TYPES, group="rl",
@@ -50,11 +50,11 @@ class GrpoSettings:
     rewards: list[str] = setting([], "grpo: built-in rewards: answer (equals --answer-column), format "
                                  "(--format-regex matches), length (soft overlong penalty), json (parses)",
                                  choices=REWARDS, metavar="NAME", group="rl", aliases=("--reward",),
-                zh=("内置奖励", "grpo：内置奖励：answer（等于 --answer-column）、format（匹配 --format-regex）、length（超长软惩罚）、json（可解析）"))
+                zh=("内置奖励", "grpo：内置奖励：answer（等于“答案列”）、format（匹配“格式正则”）、length（超长软惩罚）、json（可解析）"))
     reward_weights: list[str] = setting([], "grpo: one weight per reward function: the built-ins in order, then "
                                         "the --reward-file functions, then --reward-model (default: all 1)", metavar="W",
                                         group="rl",
-                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给 --reward-file 中的函数，最后给 --reward-model（默认都为 1）"))
+                zh=("奖励权重", "grpo：每个奖励函数一个权重：先按顺序给内置奖励，再给“奖励函数文件”中的函数，最后给“奖励模型”（默认都为 1）"))
     reward_file: list[str] = setting([], "grpo: your reward functions with TRL's convention, FILE.py or "
                                      "FILE.py:NAME,... (code that runs here: command line only)", repeat=True,
                                      metavar="FILE", group="rl", cli_only=True,
@@ -62,7 +62,7 @@ class GrpoSettings:
     reward_model: str | None = setting(None, "grpo: a reward model (the run directory of a --stage rm training) "
                                        "whose score of each completion is one more reward", metavar="RUN",
                                        group="rl",
-                zh=("奖励模型", "grpo：奖励模型（--stage rm 训练的运行目录），它给每个回答的分数作为又一个奖励"))
+                zh=("奖励模型", "grpo：奖励模型（“训练阶段”为 rm 的运行目录），它给每个回答的分数作为又一个奖励"))
     answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl",
                 zh=("答案列", "grpo：answer 奖励用来比较的数据列"))
     format_regex: str = setting("", "grpo: the regular expression the format reward looks for (re.search; anchor "
@@ -70,7 +70,7 @@ class GrpoSettings:
                 zh=("格式正则", "grpo：format 奖励查找的正则表达式（re.search；用 ^...$ 锚定）"))
     length_penalty_window: int = setting(0, "grpo: the length reward falls from 0 to -1 over the last N tokens "
                                          "before --max-completion-length (0: a quarter of it)", ge=0, group="rl",
-                zh=("长度惩罚窗口", "grpo：在 --max-completion-length 之前的最后 N 个 token 内，length 奖励从 0 降到 -1（0：取其四分之一）"))
+                zh=("长度惩罚窗口", "grpo：在“最大生成长度”之前的最后 N 个 token 内，length 奖励从 0 降到 -1（0：取其四分之一）"))
     completion_samples_steps: int = setting(0, "grpo: every N steps, write the step's first completions with their "
                                             "rewards to DIR/completions.jsonl (0: never)", ge=0, group="rl",
                 zh=("回答样例间隔", "grpo：每 N 步把本步的前几个回答及其奖励写入 DIR/completions.jsonl（0：从不）"))
@@ -78,7 +78,7 @@ class GrpoSettings:
                                   "in this process) or vllm (a vLLM server started for the run and given the "
                                   "adapter each step; --method lora only; vLLM from `make vllm` or "
                                   "$ROCTUNE_VLLM_PYTHON)", choices=ROLLOUT_ENGINES, group="rl",
-                zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅 --method lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
+                zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅“微调方法”lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
 
     def check_grpo(self) -> None:
         import re

@@ -13,9 +13,9 @@ class KtoSettings:
     desirable_weight: float = setting(1.0, "kto: weight of the desirable examples' loss (the KTO paper advises "
                                       "desirable-weight x desirable / (undesirable-weight x undesirable) in "
                                       "[1, 4/3])", gt=0, group="model",
-                zh=("好样本权重", "kto：好（desirable）样本损失的权重（KTO 论文建议 好样本权重 x 好样本数 / (坏样本权重 x 坏样本数) 在 [1, 4/3] 之间）"))
+                zh=("好样本权重", "kto：好样本损失的权重（KTO 论文建议 好样本权重 × 好样本数 / (坏样本权重 × 坏样本数) 在 [1, 4/3] 之间）"))
     undesirable_weight: float = setting(1.0, "kto: weight of the undesirable examples' loss", gt=0, group="model",
-                zh=("坏样本权重", "kto：坏（undesirable）样本损失的权重"))
+                zh=("坏样本权重", "kto：坏样本损失的权重"))
 
     def _check_kto(self) -> None:
         """--desirable-weight and --undesirable-weight are --stage kto's."""

@@ -11,7 +11,7 @@ class OptimSettings:
     # ---- optimisation
     # the upper bounds: far beyond any real run, low enough that the step plan (a list per step) is built at once
     max_steps: int = setting(-1, "optimizer steps (overrides --epochs when > 0)", le=10_000_000, unset=-1,
-                zh=("最大步数", "优化器步数（大于 0 时覆盖 --epochs）"))
+                zh=("最大步数", "优化器步数（大于 0 时覆盖“训练轮数”）"))
     epochs: float = setting(1.0, "passes over the training data", ge=0, le=100_000,
                 zh=("训练轮数", "遍历训练数据的次数"))
     lr: float = setting(2e-4, "peak learning rate", gt=0,

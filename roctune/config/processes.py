@@ -11,7 +11,7 @@ class ProcessSettings:
     # ---- several processes
     nproc: int = setting(1, "processes on this machine: one per GPU (DDP), or with --device cpu N CPU processes "
                          "(gloo)", ge=1, metavar="N", group="processes",
-                zh=("进程数", "本机的进程数：每个 GPU 一个（DDP），或配合 --device cpu 使用 N 个 CPU 进程（gloo）"))
+                zh=("进程数", "本机的进程数：每个 GPU 一个（DDP），或配合“设备”cpu 使用 N 个 CPU 进程（gloo）"))
     fsdp: bool = setting(False, "shard the model over the processes (FSDP) instead of a full copy in each",
                          group="processes",
                 zh=("FSDP 分片", "把模型分片到各进程（FSDP），而不是每个进程一份完整副本"))

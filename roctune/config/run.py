@@ -29,9 +29,9 @@ class RunSettings:
                                    "loss.png always)", choices=TRACKERS, metavar="NAME", group="run",
                 zh=("记录到", "同时记录到这些跟踪工具（逗号分隔；metrics.jsonl 和 loss.png 总会写）"))
     resume: bool = setting(False, "continue from the last checkpoint in --output", group="run",
-                zh=("继续训练", "从 --output 中最后一个检查点继续"))
+                zh=("继续训练", "从“输出目录”中最后一个检查点继续"))
     overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run",
-                zh=("覆盖", "替换 --output 中以前的 roctune 运行"))
+                zh=("覆盖", "替换“输出目录”中以前的 roctune 运行"))
 
     def _check_best(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0

@@ -38,23 +38,26 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
     meta = f.metadata
     for one in value if isinstance(value, list) and meta.get("choices") else [value]:
         if meta.get("choices") and one not in meta["choices"]:
-            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})")
-    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")})
+            raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})",
+                              key="choice", field=f.name, choices=", ".join(meta["choices"]), got=repr(one))
+    check_number(flag(f.name), value, **{b: meta.get(b) for b in ("ge", "gt", "le", "lt")}, field=f.name)
 
 
 def check_number(name: str, value: Any, ge: float | None = None, gt: float | None = None, le: float | None = None,
-                 lt: float | None = None) -> None:
+                 lt: float | None = None, field: str | None = None) -> None:
     """A number from a flag: finite and within the bounds, or a ConfigError naming `name` (e.g. --top-p).
     Commands whose flags are not training settings check theirs with this, so every number is refused the
     same way (None and non-numbers pass: argparse has typed them)."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number (got {value})")
+        raise ConfigError(f"{name} must be a finite number (got {value})", key="not_finite", field=field,
+                          got=value)
     for bound, ok, word in ((ge, lambda v, b: v >= b, ">="), (gt, lambda v, b: v > b, ">"),
                             (le, lambda v, b: v <= b, "<="), (lt, lambda v, b: v < b, "<")):
         if bound is not None and not ok(value, bound):
-            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})")
+            raise ConfigError(f"{name} must be {word} {bound:g} (got {value:g})", key="bound", field=field,
+                              op=word, limit=f"{bound:g}", got=f"{value:g}")
 
 
 
@@ -106,18 +109,20 @@ def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
             return False
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
     if k in ("int", "float"):
-        return _number(name, value, int if k == "int" else float)
+        return _number(name, value, int if k == "int" else float, f.name)
     return None if value is None else str(value)
 
 
-def _number(name: str, value: Any, typ: type) -> Any:
+def _number(name: str, value: Any, typ: type, field: str | None = None) -> Any:
     if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
+        raise ConfigError(f"{name}: expected a number, got {value!r}", key="not_number", field=field, got=repr(value))
     try:
         out = typ(value) if typ is float or not isinstance(value, float) else None
     except (TypeError, ValueError, OverflowError):
         out = None
     if out is None or (typ is int and isinstance(value, str) and not value.strip().lstrip("+-").isdigit()):
-        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
+        raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, got {value!r}",
+                          key="not_integer" if typ is int else "not_number", field=field,
+                          got=repr(value))
     return out
 

@@ -95,8 +95,8 @@ def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = No
 # ---------------------------------------------------------------------------------------- CLI flags
 GROUP_TITLES_ZH = {"data": "数据", "model": "模型与方法", "training": "优化", "lora": "LoRA 与冻结",
                    "run": "日志、评估与检查点", "hardware": "硬件",
-                   "processes": "多进程（有效批大小 = 批大小 x 梯度累积 x 进程数）",
-                   "rl": "强化学习（--stage grpo）"}
+                   "processes": "多进程（有效批大小 = 批大小 × 梯度累积 × 进程数）",
+                   "rl": "强化学习（训练阶段 grpo）"}
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
                 "processes": "several processes (effective batch = batch-size x grad-accum x processes)",

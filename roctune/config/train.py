@@ -42,20 +42,22 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
             check_value(f, getattr(self, f.name))
             _check_utf8(f.name, getattr(self, f.name))
         if not self.data:
-            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion JSON/JSONL)")
+            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion "
+                              "JSON/JSONL)", key="no_data", field="data")
         if not self.output:
-            raise ConfigError("no output directory: pass --output DIR")
+            raise ConfigError("no output directory: pass --output DIR", key="no_output", field="output")
         self._check_conflicts()
         return self
 
     def _check_conflicts(self) -> None:
         if self.max_steps <= 0 and self.epochs <= 0:
-            raise ConfigError("set --epochs > 0 or --max-steps > 0")
+            raise ConfigError("set --epochs > 0 or --max-steps > 0", key="no_steps", field="max_steps")
         self._check_stage()
         if self.streaming and not self.data_cache:
             raise ConfigError("--streaming tokenizes into the data cache; drop --no-data-cache (or --streaming)")
         if self.resume and self.overwrite:
-            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them")
+            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them",
+                              key="resume_and_overwrite", field="overwrite")
         if self.method == "qlora" and self.fsdp:
             raise ConfigError("--fsdp cannot shard a 4-bit (qlora) base model; use --method lora with --fsdp, "
                               "or qlora without --fsdp")
@@ -63,7 +65,8 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
             raise ConfigError(f"--resume is not supported with --method {self.method} yet (checkpoints of a "
                               "whole model are saved but not reloaded); start a new run")
         if self.adapter and not os.path.isdir(self.adapter):
-            raise ConfigError(f"--adapter {self.adapter}: no such directory")
+            raise ConfigError(f"--adapter {self.adapter}: no such directory", key="no_such_dir", field="adapter",
+                              path=self.adapter)
         if self.use_dora and self.method not in ("lora", "qlora"):
             raise ConfigError(f"--use-dora is a LoRA variant; it does not apply to --method {self.method}")
         if not self.freeze_trainable_modules:

@@ -49,7 +49,8 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
     check_writable_parent(path, "--output")
     if not os.path.isdir(path) or not os.listdir(path):
         if resume:
-            raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one")
+            raise ConfigError(f"--resume: {path} holds no run to resume; drop --resume to start a new one",
+                              key="nothing_to_resume", field="resume", path=path)
         return
     if not resume and is_unsaved_ended_run(path):
         return  # a run that failed before saving anything: this one replaces it (claim clears it)
@@ -68,7 +69,7 @@ def check_new_output(path: str, resume: bool, overwrite: bool) -> None:
         raise ConfigError(f"--output {path} holds files that roctune did not write (no {RUN_FILE}); --overwrite "
                           "only replaces a previous run: choose an empty or new directory")
     raise ConfigError(f"--output {path} already holds a previous run; use --resume to continue it, --overwrite to "
-                      "replace it, or choose another directory")
+                      "replace it, or choose another directory", key="previous_run", field="output", path=path)
 
 
 def check_writable_parent(path: str, what: str) -> None:

@@ -32,7 +32,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
     with gr.Blocks(title="roctune", analytics_enabled=False) as app:
         app._roctune_launch = {"theme": theme, "css": CSS}
         lang = gr.State(i18n.Lang("en"))  # the session's language: every handler's last input (not in the API)
-        saved = gr.BrowserState("en", storage_key=i18n.STORAGE_KEY)  # remembered in the browser
+        saved = gr.BrowserState("", storage_key=i18n.STORAGE_KEY)  # remembered in the browser ("": not chosen yet)
         with gr.Row(equal_height=True):
             gr.Markdown("## roctune: LoRA fine-tuning on AMD (ROCm), NVIDIA (CUDA) and the CPU")
             picker = gr.Radio(list(i18n.LANGS), value="English", label="language", scale=0, min_width=200,
@@ -62,15 +62,19 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                  "models": [train_ui.fields["model"], chat_ui.model],
                  "runs": [train_ui.fields["adapter"], runs_ui.first, runs_ui.second, chat_ui.adapter, eval_ui.adapter,
                           export_ui.adapter]}
-        _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change,
-                                         hub_ui.done.change], lang)
-        _wire_language(gr, app, picker, lang, saved, again=[doctor_again, table_again])
+        on_lists = _wire_lists(gr, app, ws, lists, [refresh.click, runs_ui.refresh.click, train_ui.done.change,
+                                                    hub_ui.done.change], lang)
+        last_run = train.wire_last_run(gr, app, train_ui, ws, state, lang,
+                                       followers=[chat_ui.adapter, eval_ui.adapter, export_ui.adapter])
+        again = [(doctor_again[0], [], doctor_again[1]), (table_again[0], [], table_again[1]), *train_ui.again,
+                 on_lists, last_run]
+        _wire_language(gr, app, picker, lang, saved, again=again)
         app._roctune_state = state
         app._roctune_workspace = ws
     return app
 
 
-def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
+def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> tuple:
     """Fill every dropdown with what the workspace holds, when the page loads and on `events` (Refresh, and a
     run finishing on the Train panel, so it shows up at once)."""
     targets = [c for kind in lists for c in lists[kind]]
@@ -82,11 +86,13 @@ def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> None:
 
     for event in [app.load, *events]:
         event(on_lists, [lang], targets, show_progress="hidden")
+    return on_lists, [], targets
 
 
 def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
     """The language switch: every text of the page follows it, and the browser remembers it (BrowserState);
-    `again` are (handler, output) pairs whose HTML is made on the server, run again in the new language."""
+    `again` are (handler, inputs, outputs) whose HTML is made on the server, run again in the new language (the
+    language state is their last input)."""
     items = i18n.translatable(app)
     comps = [block for block, _ in items]
 
@@ -95,10 +101,17 @@ def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
         return (i18n.Lang(code), code, *i18n.updates(gr, items, code))
 
     switched = picker.change(on_switch, picker, [lang, saved, *comps], show_progress="hidden")
-    for handler, output in again:
-        switched = switched.then(handler, [lang], output)
+    for handler, inputs, outputs in again:
+        switched = switched.then(handler, [*inputs, lang], outputs, show_progress="hidden")
     names = {code: name for name, code in i18n.LANGS.items()}
-    app.load(lambda code: names.get(code, "English"), saved, picker, show_progress="hidden")
+
+    def on_open(code, request):  # first visit: the browser's language (its Accept-Language header)
+        header = request.headers.get("accept-language", "") if request is not None else ""
+        return names.get(code) or names[i18n.from_accept_language(header)]
+
+    on_open.__annotations__ = {"request": gr.Request}  # Gradio passes the request by this type (gradio is local)
+
+    app.load(on_open, saved, picker, show_progress="hidden")
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", block: bool = True,

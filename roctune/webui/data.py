@@ -4,6 +4,7 @@ Every path is checked against the workspace (`Workspace`) before anything is rea
 from __future__ import annotations
 
 import os
+import re
 from types import SimpleNamespace
 
 from roctune.webui.html import LEVEL_COLOR, box, esc, guard
@@ -36,7 +37,7 @@ def preview_rows(paths_text: str | list[str], limit: int = PREVIEW_ROWS) -> tupl
     paths = _need_paths(data_paths(paths_text))
     rows = []
     for ex in iter_examples(paths):
-        prompt = "\n".join(f"[{m['role']}] {m['content']}" for m in ex.messages[:-1])
+        prompt = "\n".join(f"[{t(m['role'])}] {m['content']}" for m in ex.messages[:-1])
         rows.append([ex.where, prompt, ex.messages[-1]["content"]])
         if len(rows) >= limit:
             break
@@ -68,37 +69,80 @@ def preview_learned(paths_text: str | list[str], index: float | None) -> str:
     return learned_html(where, result)
 
 
+CHECK_NAMES = {"empty_fields": "empty fields", "duplicates": "duplicates", "near_duplicates": "near duplicates",
+               "conflicts": "conflicts", "answer_equals_prompt": "answer equals prompt",
+               "eval_overlap": "eval overlap"}
+CHECK_WHAT = {"empty_fields": "records with an empty or whitespace-only turn",
+              "duplicates": "exact repeats of an earlier record",
+              "near_duplicates": "repeats after ignoring case, punctuation and spacing",
+              "conflicts": "prompts that have different answers",
+              "answer_equals_prompt": "answers identical to their prompt",
+              "eval_overlap": "training records also in the eval data"}
+
+
+# check_data's example lines (English, for the CLI) as (pattern, the page's template); a line that matches none
+# is shown as it is
+EXAMPLE_FORMS = ((re.compile(r"^(?P<a>.+) repeats (?P<b>.+)$"), "{a} repeats {b}"),
+                 (re.compile(r"^(?P<n>\d+) different answers: (?P<where>.+?)(?: and (?P<more>\d+) more)?$"),
+                  "{n} different answers: {where}"),
+                 (re.compile(r"^(?P<where>.+): (?P<role>\w+) turn (?P<i>\d+) is empty$"),
+                  "{where}: {role} turn {i} is empty"))
+
+
+def example_text(line: str) -> str:
+    for pattern, template in EXAMPLE_FORMS:
+        m = pattern.match(line)
+        if m:
+            values = {k: v for k, v in m.groupdict().items() if k != "more"}
+            if "role" in values:
+                values["role"] = t(values["role"])
+            more = t(" and {k} more", k=m["more"]) if m.groupdict().get("more") else ""
+            return t(template, **values) + more
+    return line
+
+
 def _warning_rows(report: dict) -> str:
     rows = []
     for name, f in report["warnings"].items():
         if name == "eval_overlap" and not report["eval_paths"]:
             continue
         color = LEVEL_COLOR["warn"] if f["count"] else LEVEL_COLOR["ok"]
-        ex = "<br>".join(esc(x) for x in f["examples"][:3])
-        rows.append(f"<tr><td>{name.replace('_', ' ')}<div class='rt-why'>{esc(f['what'])}</div></td>"
+        ex = "<br>".join(esc(example_text(x)) for x in f["examples"][:3])
+        title, what = t(CHECK_NAMES.get(name, name)), t(CHECK_WHAT[name]) if name in CHECK_WHAT else f["what"]
+        rows.append(f"<tr><td>{esc(title)}<div class='rt-why'>{esc(what)}</div></td>"
                     f"<td style='color:{color};font-weight:bold'>{f['count']}</td><td>{ex}</td></tr>")
     return "".join(rows)
 
 
+def _token_line(tok: dict) -> str:
+    """Token lengths; examples cut by the max length as a warning (training drops or truncates them)."""
+    line = esc(t("tokens per example: p50 {p50}, p95 {p95}, max {max}, mean {mean}", **{
+        k: tok[k] for k in ("p50", "p95", "max", "mean")}))
+    out = f"<p>{line}</p>"
+    if tok["max_length"]:
+        cut = t("max length {n} truncates {k} example(s)", n=tok["max_length"], k=tok["truncated"])
+        out += box(cut, "warn" if tok["truncated"] else "ok").replace("<div ", "<div id='rt-truncated' ", 1)
+    return out
+
+
 def check_report_html(report: dict) -> str:
-    """A `check_data` report as HTML: counts, schema errors, the warnings table, token lengths."""
+    """A `check_data` report as HTML in the page's language: counts, schema errors, the warnings table, token
+    lengths (examples longer than the max length as a warning box)."""
     errs = report["schema_errors"]
-    parts = [f"<p><b>{report['records']}</b> records read from {esc(', '.join(report['paths']))}: "
-             f"{report['valid']} valid, {errs['count']} with schema errors</p>"]
+    parts = ["<p>" + t("<b>{n}</b> records read from {paths}: {valid} valid, {bad} with schema errors",
+                       n=report["records"], paths=esc(", ".join(report["paths"])), valid=report["valid"],
+                       bad=errs["count"]) + "</p>"]
     if errs["count"]:
         items = "".join(f"<li><code>{esc(e)}</code></li>" for e in errs["first"][:20])
-        parts.append(f'<p class="rt-error">Schema errors (training refuses this data until they are fixed):</p>'
-                     f"<ul>{items}</ul>")
-    parts.append('<table class="rt-table"><thead><tr><th>check</th><th>count</th><th>first examples</th></tr>'
-                 f'</thead><tbody>{_warning_rows(report)}</tbody></table>')
-    tok = report.get("tokens")
-    if tok:
-        line = f"tokens per example: p50 {tok['p50']}, p95 {tok['p95']}, max {tok['max']}, mean {tok['mean']}"
-        if tok["max_length"]:
-            line += f"; max length {tok['max_length']} truncates {tok['truncated']} example(s)"
-        parts.append(f"<p>{line}</p>")
-    parts.append("<p class='rt-error'>schema errors: `roctune data check` exits 1</p>" if errs["count"]
-                 else "<p style='color:#1a7f37'>no schema errors</p>")
+        parts.append(f'<p class="rt-error">{t("Schema errors (training refuses this data until they are fixed):")}'
+                     f"</p><ul>{items}</ul>")
+    heads = "".join(f"<th>{t(h)}</th>" for h in ("check", "count", "first examples"))
+    parts.append(f'<table class="rt-table"><thead><tr>{heads}</tr></thead><tbody>{_warning_rows(report)}</tbody>'
+                 "</table>")
+    if report.get("tokens"):
+        parts.append(_token_line(report["tokens"]))
+    parts.append(f"<p class='rt-error'>{t('schema errors: training refuses this data')}</p>" if errs["count"]
+                 else f"<p style='color:#1a7f37'>{t('no schema errors')}</p>")
     return "".join(parts)
 
 
@@ -110,7 +154,8 @@ def run_check(paths_text: str | list[str], max_length: float | None) -> str:
     tokenizer = None
     if max_length:  # empty or 0: no token statistics
         if max_length < 0:
-            raise ConfigError("--max-length must be a positive number of tokens")
+            raise ConfigError(f"--max-length must be > 0 (got {max_length:g})", key="bound", field="max_length",
+                              op=">", limit="0", got=f"{max_length:g}")
         from roctune.models import load_tokenizer
 
         tokenizer = load_tokenizer(None)
@@ -135,10 +180,10 @@ def run_scrub(path: str, out: str, types: list[str] | None) -> str:
     report = scrub_file(path, out, types or None, overwrite=False)
     rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
                    for t, n in report["counts"].items())
-    return (f"<p>Redacted in {report['records']} records ({report['records_changed']} changed); "
-            f"wrote <code>{esc(out)}</code></p>"
-            f'<table class="rt-table"><thead><tr><th>type</th><th>placeholder</th><th>count</th></tr></thead>'
-            f"<tbody>{rows}</tbody></table>")
+    heads = "".join(f"<th>{t(h)}</th>" for h in ("type", "placeholder", "count"))
+    return ("<p>" + t("Redacted in {n} records ({changed} changed); wrote {path}", n=report["records"],
+                      changed=report["records_changed"], path=f"<code>{esc(out)}</code>") + "</p>"
+            f'<table class="rt-table"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>')
 
 
 def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:

@@ -2,18 +2,36 @@
 from __future__ import annotations
 
 from roctune.webui.html import LEVEL_COLOR, box, error_line, esc, in_language
-from roctune.webui.i18n import t
+from roctune.webui.i18n import current, t
+
+
+# What each check of `roctune doctor` is about, for a page in another language than the findings' English.
+CHECK_TITLES = {
+    "torch.build": "PyTorch build", "wsl": "WSL", "amd.access": "access to the AMD GPU", "qlora": "QLoRA (4-bit)",
+    "flash_attn": "FlashAttention", "bf16": "training precision", "amd.kfd": "AMD kernel driver (/dev/kfd)",
+    "torch.gpu": "GPU in PyTorch", "packages": "package versions", "nvidia.driver": "NVIDIA driver",
+    "multi_gpu.iommu": "several GPUs: IOMMU", "multi_gpu": "several GPUs", "visible": "visible GPUs",
+    "multi_gpu.p2p": "several GPUs: peer to peer", "multi_gpu.mixed": "several GPUs: mixed models",
+    "cpu": "training on the CPU", "attention": "attention kernel", "amd.rocm": "ROCm version",
+    "amd.render": "AMD render device (/dev/dri)",
+}
 
 
 def finding_row(f) -> str:
+    """One finding: its check, level, and message, why and fix. On a page in another language the check is named
+    in that language and the library's English text is folded under "details (English)"; the fix (a command)
+    stays visible."""
     detail = esc(f.message)
     if f.why:
         detail += f'<div class="rt-why">{esc(f.why)}</div>'
-    if f.fix:
-        detail += f'<div class="rt-fix"><b>{t("fix:")}</b> <code>{esc(f.fix)}</code></div>'
+    fix = f'<div class="rt-fix"><b>{t("fix:")}</b> <code>{esc(f.fix)}</code></div>' if f.fix else ""
+    title = f"<code>{esc(f.id)}</code>"
+    if current() != "en":
+        title = f"{esc(t(CHECK_TITLES.get(f.id, f.id)))} {title}"
+        detail = f"<details><summary>{t('details (English)')}</summary>{detail}</details>"
     color = LEVEL_COLOR.get(f.level, "inherit")
-    return (f'<tr><td><code>{esc(f.id)}</code></td>'
-            f'<td style="color:{color};font-weight:bold">{f.level.upper()}</td><td>{detail}</td></tr>')
+    return (f'<tr><td>{title}</td>'
+            f'<td style="color:{color};font-weight:bold">{t(f.level.upper())}</td><td>{detail}{fix}</td></tr>')
 
 
 def doctor_html() -> str:
@@ -30,7 +48,7 @@ def doctor_html() -> str:
     verdict = report.verdict
     head = esc(t("torch {version} ({backend}); GPUs: {gpus}; verdict:", version=torch.get("version") or "missing",
                  backend=torch.get("backend"), gpus=gpus))
-    return (f'<p>{head} <b id="rt-verdict" style="color:{LEVEL_COLOR[verdict]}">{verdict.upper()}</b></p>'
+    return (f'<p>{head} <b id="rt-verdict" style="color:{LEVEL_COLOR[verdict]}">{t(verdict.upper())}</b></p>'
             f'<table class="rt-table" id="rt-doctor"><thead><tr><th>{t("check")}</th><th>{t("level")}</th>'
             f'<th>{t("finding (why, fix)")}</th></tr></thead><tbody>{rows}</tbody></table>')
 

@@ -3,11 +3,12 @@ report (metrics base vs tuned, every example sorted by improvement); or show a r
 path is resolved inside the workspace; the evaluation runs in the server process, one at a time."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from types import SimpleNamespace
 
-from roctune.webui.html import box, guard
+from roctune.webui.html import box, esc, guard
 from roctune.webui.i18n import t
 
 _LOCK = threading.Lock()  # one evaluation at a time: each loads a model
@@ -19,6 +20,36 @@ def _report_dir(ws, adapter: str, output: str) -> str:
     if (output or "").strip():
         return ws.path(output, "--output", write=True)
     return os.path.join(adapter, rundir.EVAL_DIR)
+
+
+METRICS = {"loss": "loss", "perplexity": "perplexity", "bleu4": "BLEU-4", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
+           "rougeL": "ROUGE-L", "exact_match": "exact match %"}
+LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+def report_html(result: dict) -> str:
+    """An eval result (roctune.eval: metrics of base and tuned, every example) as HTML in the page's language."""
+    meta = result.get("meta", {})
+    head = t("{n} records from {data}; greedy answers of at most {tokens} tokens; scores 0-100", n=result["n"],
+             data=", ".join(meta.get("data", [])), tokens=meta.get("max_new_tokens", ""))
+    rows = ""
+    for k, label in METRICS.items():
+        if k not in result["base"]:
+            continue
+        base, tuned = result["base"][k], result["tuned"][k]
+        better = t("lower is better") if k in LOWER_IS_BETTER else t("higher is better")
+        delta = f"{tuned - base:+.4f}" if k in LOWER_IS_BETTER else f"{tuned - base:+.2f}"
+        name = esc(t("{metric} ({better})", metric=t(label), better=better))
+        rows += f"<tr><td>{name}</td><td>{base}</td><td>{tuned}</td><td>{delta}</td></tr>"
+    heads = "".join(f"<th>{t(h)}</th>" for h in ("metric", "base model", "fine-tuned", "change"))
+    ex = "".join(
+        f"<tr><td>{e['index'] + 1}</td><td>{esc(e['prompt'])}</td><td>{esc(e['reference'])}</td>"
+        f"<td>{esc(e['base']['answer'])}</td><td>{esc(e['tuned']['answer'])}</td>"
+        f"<td>{e['base']['rougeL']:.1f} &rarr; {e['tuned']['rougeL']:.1f}</td></tr>" for e in result["examples"])
+    ex_heads = "".join(f"<th>{t(h)}</th>" for h in ("#", "prompt", "reference", "base answer", "tuned answer",
+                                                     "ROUGE-L"))
+    return (f"<p class='rt-why'>{esc(head)}</p><table class='rt-table'><tr>{heads}</tr>{rows}</table>"
+            f"<h3>{t('Examples, most improved first')}</h3><table class='rt-table'><tr>{ex_heads}</tr>{ex}</table>")
 
 
 def eval_handler(ws):
@@ -41,12 +72,11 @@ def eval_handler(ws):
         report.check_output(out)
         opts = Options(adapter, ws.data(paths), max_new_tokens=int(max_new))
         records, max_length, _ = prepare(opts)
-        lines: list[str] = []
-        with _LOCK:
-            result = evaluate(opts, records, max_length, None, lines.append)
+        with _LOCK:  # the library's progress lines go to the server log; the page renders the result
+            result = evaluate(opts, records, max_length, None, logging.getLogger(__name__).info)
         report.write(out, result)
-        lines.append(f"report: {os.path.join(out, 'report.html')} (also report.md, predictions.jsonl)")
-        return box("\n".join(lines), "ok"), report.fragment(result)
+        return box(t("evaluated {n} record(s); report written to {path}", n=result["n"],
+                     path=os.path.join(out, "report.html")), "ok"), report_html(result)
 
     return on_eval
 
@@ -60,7 +90,7 @@ def show_handler(ws):
         if not (adapter or "").strip() and not (output or "").strip():
             raise ConfigError(t("give the run directory (or the report folder) to show"))
         out = _report_dir(ws, ws.path(adapter, "--adapter") if (adapter or "").strip() else "", output)
-        return box(t("report from {path}", path=out), "info"), report.fragment(report.read(out))
+        return box(t("report from {path}", path=out), "info"), report_html(report.read(out))
 
     return on_show
 

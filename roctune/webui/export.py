@@ -3,6 +3,7 @@ or export the run as a GGUF file for llama.cpp and Ollama with a Modelfile and D
 showing the fidelity check of the written file. Every directory is resolved inside the workspace."""
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
@@ -26,9 +27,8 @@ def merge_handler(ws):
         from roctune.merge import merge
 
         adapter, output = _paths(ws, adapter, output, "merged model")
-        lines: list[str] = []
-        merge(adapter, output, dtype=dtype, overwrite=bool(overwrite), log=lines.append)
-        return box("\n".join(lines), "ok")
+        merge(adapter, output, dtype=dtype, overwrite=bool(overwrite), log=logging.getLogger(__name__).info)
+        return box(written(t("merged model saved to {path}", path=output), output), "ok")
 
     return on_merge
 
@@ -39,12 +39,23 @@ def gguf_handler(ws):
         from roctune.export import export
 
         adapter, output = _paths(ws, adapter, output, "GGUF export")
-        lines: list[str] = []
         report = export(adapter, output, quant=quant, name=(name or "").strip() or None, verify=bool(verify),
-                        overwrite=bool(overwrite), fmt=fmt or "gguf", log=lines.append)
-        return box("\n".join(lines), "ok") + check_table(report.get("check"))
+                        overwrite=bool(overwrite), fmt=fmt or "gguf", log=logging.getLogger(__name__).info)
+        return box(written(t("exported to {path}", path=output), output), "ok") + check_table(report.get("check"))
 
     return on_export
+
+
+def written(head: str, folder: str) -> str:
+    """`head` and the files that are in `folder` now that the work has ended (never a staging folder it removed),
+    with their sizes."""
+    lines = [head]
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        lines.append(f"  {name}  ({os.path.getsize(path) / 2**20:.1f} MiB)")
+    return "\n".join(lines)
 
 
 def check_table(check: dict | None) -> str:

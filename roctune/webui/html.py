@@ -16,6 +16,11 @@ CSS = """
 .rt-msg {padding: 8px 12px; border-radius: 6px; margin: 4px 0; white-space: pre-wrap;}
 .rt-info {background: #eef4ff; color: #0b3d91;}
 .rt-ok {background: #e7f6ec; color: #1a7f37;}
+.rt-warn {background: #fff8c5; color: #7d4e00;}
+.rt-bad input, .rt-bad textarea, .rt-bad .wrap {border: 2px solid #cf222e !important; background: #ffebe9 !important;}
+footer {display: none !important;}
+.rt-bar {height: 10px; background: #e5e7eb; border-radius: 5px; overflow: hidden; margin: 4px 0;}
+.rt-bar > div {height: 100%; background: #2563eb; transition: width 0.5s;}
 .rt-error, .rt-msg.rt-error {background: #ffebe9; color: #cf222e; font-family: ui-monospace, monospace;}
 p.rt-error, span.rt-error {background: none;}
 .rt-table {border-collapse: collapse; width: 100%; font-size: 0.92em;}
@@ -29,11 +34,50 @@ def esc(text) -> str:
     return html.escape(str(text))
 
 
+# The page's words for the library's typed errors (RoctuneError.key): the form's field names, no flags.
+PAGE_ERRORS = {
+    "bound": "{field}: must be {op} {limit} (got {got})",
+    "choice": "{field}: must be one of {choices} (got {got})",
+    "not_finite": "{field}: must be a finite number (got {got})",
+    "not_number": "{field}: expected a number (got {got})",
+    "not_integer": "{field}: expected a whole number (got {got})",
+    "no_data": "{field}: no training data; pick or upload a dataset",
+    "no_output": "{field}: no output folder; give one",
+    "no_steps": "{field}: set the epochs or the max steps above 0",
+    "resume_and_overwrite": "{field} replaces a run and {resume} continues it; tick only one of them",
+    "previous_run": "{field} {path} already holds a previous run; tick {resume} to continue it or {overwrite} to "
+                    "replace it, or choose another folder",
+    "nothing_to_resume": "{field}: {path} holds no run to continue; untick it to start a new run",
+    "no_such_dir": "{field} {path}: no such folder",
+    "no_such_model": "{field} {name}: not found; pick one from the list, or give a model folder in the workspace or "
+                     "a hub id (org/name)",
+}
+
+
+def field_label(name: str) -> str:
+    """A setting's name as the form shows it, in the page's language."""
+    return t(name.replace("_", " "))
+
+
+def page_message(exc: BaseException) -> str | None:
+    """A typed error in the page's language with the form's field names; None when it carries no known key."""
+    key, field = getattr(exc, "key", None), getattr(exc, "field", None)
+    if key not in PAGE_ERRORS or not field:
+        return None
+    values = dict(getattr(exc, "values", {}))
+    return t(PAGE_ERRORS[key], field=field_label(field), resume=field_label("resume"),
+             overwrite=field_label("overwrite"), **values)
+
+
 def error_line(command: str, exc: BaseException) -> str:
-    """What the CLI would print for this exception (on a Chinese page after a Chinese lead-in: the line itself is
-    the CLI's, in English, as a user would search for it)."""
+    """The error for the page: a typed error with a known key in the page's language and the form's names
+    (`page_message`); any other the line the CLI would print (on a Chinese page after a Chinese lead-in: the line
+    itself is the CLI's, in English, as a user would search for it)."""
     from roctune.errors import RoctuneError
 
+    own = page_message(exc)
+    if own is not None:
+        return t("error: {line}", line=own)
     if isinstance(exc, RoctuneError):
         line = f"roctune {command}: error: {exc}"
     else:

@@ -20,6 +20,25 @@ LANGS = {"English": "en", "中文": "zh"}
 STORAGE_KEY = "roctune-language"
 
 
+def from_accept_language(header: str) -> str:
+    """The page's language for a browser's Accept-Language header (`zh-CN,zh;q=0.9,en;q=0.8`): the first of
+    its languages the page speaks, by preference weight; English when none."""
+    ranked = []
+    for i, part in enumerate((header or "").split(",")):
+        tag, _, params = part.strip().partition(";")
+        q = 1.0
+        if params.strip().startswith("q="):
+            try:
+                q = float(params.strip()[2:])
+            except ValueError:
+                q = 0.0
+        ranked.append((-q, i, tag.strip().lower().split("-")[0]))
+    for _, _, code in sorted(ranked):
+        if code in LANGS.values():
+            return code
+    return "en"
+
+
 class Lang(str):
     """The language of a session as a handler input: a str that says it is one, so `guard` can tell it from the
     text inputs before it."""
@@ -82,8 +101,9 @@ def texts_of(block) -> dict[str, str]:
            and getattr(block, p)}
     if type(block).__name__ in VALUE_KINDS and isinstance(getattr(block, "value", None), str):
         out["value"] = block.value
-    if type(block).__name__ == "LinePlot" and isinstance(getattr(block, "title", None), str):
-        out["title"] = block.title
+    if type(block).__name__ == "LinePlot":
+        out.update({p: getattr(block, p) for p in ("title", "x_title", "y_title")
+                    if isinstance(getattr(block, p, None), str) and getattr(block, p)})
     return out
 
 
@@ -124,7 +144,7 @@ def missing(app) -> list[str]:
 
 
 # Texts that read the same in both languages (names of things).
-SAME = {"LoRA alpha", "LoRA dropout", "beta", "quant", "dtype"}
+SAME = {"LoRA alpha", "LoRA dropout", "↻"}
 
 ZH: dict[str, str] = {
     # the page
@@ -187,7 +207,7 @@ ZH: dict[str, str] = {
     "starting": "启动中", "tokenizing the data": "正在分词", "loading the model": "正在加载模型",
     "training": "训练中", "evaluating": "评估中", "saving the final model": "正在保存最终模型",
     "done": "完成", "failed": "失败", "stopped": "已停止", "running": "运行中",
-    "step {step}/{total}": "第 {step}/{total} 步", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
+    "step {step}/{total}": "第 {step}/{total} 步", "step": "步", "loss": "损失", "loss {loss}": "损失 {loss}", "eval loss {loss}": "评估损失 {loss}",
     "{n} tokens/s": "{n} token/秒", "ETA {eta}": "剩余 {eta}",
     "settings saved to {path}": "设置已保存到 {path}",
     "settings file {name}: a settings name is letters, digits, _ and - (saved as {folder}/NAME{suffix} in the "
@@ -197,7 +217,7 @@ ZH: dict[str, str] = {
     "unset": "未设置",
     "estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "
     "{params} parameters trained).":
-        "估计峰值内存：<b>{total}</b>，设备 {device}（{dtype}，批大小 {batch} x {length} 个 token，训练 {params} 个参数中"
+        "估计峰值内存：<b>{total}</b>，设备 {device}（{dtype}，批大小 {batch} × {length} 个 token，训练 {params} 个参数中"
         "的 {trained} 个）。",
     "fits {where} ({avail})": "在 {where} 内（{avail}）放得下",
     "does not fit {where} ({avail}): lower the max length or batch size (`roctune estimate --suggest`)":
@@ -257,4 +277,75 @@ ZH: dict[str, str] = {
     "webui --root DIR to choose another)":
         "{what} {path}：在工作区 {root} 之外；网页界面只在工作区内读写（用 roctune webui --root DIR 启动可换一个工作区）",
     "the upload did not arrive; try again": "上传没有成功；请重试",
+    # data check report (rendered from check_data's result)
+    "empty fields": "空字段", "duplicates": "完全重复", "near duplicates": "近似重复", "conflicts": "答案冲突",
+    "answer equals prompt": "回答与提示相同", "eval overlap": "与评估数据重叠",
+    "records with an empty or whitespace-only turn": "有空白轮次的记录",
+    "exact repeats of an earlier record": "与前面某条记录完全相同",
+    "repeats after ignoring case, punctuation and spacing": "忽略大小写、标点和空白后重复",
+    "prompts that have different answers": "同一提示有不同回答",
+    "answers identical to their prompt": "回答与其提示完全相同",
+    "training records also in the eval data": "同时出现在评估数据中的训练记录",
+    "tokens per example: p50 {p50}, p95 {p95}, max {max}, mean {mean}":
+        "每条样本的 token 数：中位数 {p50}，95 分位 {p95}，最大 {max}，平均 {mean}",
+    "max length {n} truncates {k} example(s)": "最大长度 {n} 会截断 {k} 条样本",
+    "<b>{n}</b> records read from {paths}: {valid} valid, {bad} with schema errors":
+        "从 {paths} 读取 <b>{n}</b> 条记录：{valid} 条有效，{bad} 条格式错误",
+    "Schema errors (training refuses this data until they are fixed):": "格式错误（修复之前训练会拒绝这份数据）：",
+    "count": "数量", "first examples": "前几个例子",
+    "{a} repeats {b}": "{a} 与 {b} 重复", "{n} different answers: {where}": "{n} 种不同回答：{where}",
+    " and {k} more": " 等（另有 {k} 条）", "{where}: {role} turn {i} is empty": "{where}：第 {i} 轮（{role}）为空",
+    "schema errors: training refuses this data": "有格式错误：训练会拒绝这份数据", "no schema errors": "没有格式错误",
+    "type": "类型", "placeholder": "占位符",
+    "Redacted in {n} records ({changed} changed); wrote {path}": "已处理 {n} 条记录（{changed} 条有改动）；写入 {path}",
+    # errors in the page's words (html.PAGE_ERRORS), with the form's field names
+    "{field}: must be {op} {limit} (got {got})": "{field}：必须 {op} {limit}（当前为 {got}）",
+    "{field}: must be one of {choices} (got {got})": "{field}：必须是 {choices} 之一（当前为 {got}）",
+    "{field}: must be a finite number (got {got})": "{field}：必须是有限的数（当前为 {got}）",
+    "{field}: expected a number (got {got})": "{field}：应为数字（当前为 {got}）",
+    "{field}: expected a whole number (got {got})": "{field}：应为整数（当前为 {got}）",
+    "{field}: no training data; pick or upload a dataset": "{field}：没有训练数据；请选择或上传一个数据集",
+    "{field}: no output folder; give one": "{field}：没有输出目录；请填写一个",
+    "{field}: set the epochs or the max steps above 0": "{field}：请把训练轮数或最大步数设为大于 0",
+    "{field} replaces a run and {resume} continues it; tick only one of them":
+        "“{field}”会替换已有运行，“{resume}”会继续它；只能勾选其中一个",
+    "{field} {path} already holds a previous run; tick {resume} to continue it or {overwrite} to replace it, or "
+    "choose another folder": "{field} {path} 中已有一次运行；勾选“{resume}”继续它，或勾选“{overwrite}”替换它，或换一个目录",
+    "{field}: {path} holds no run to continue; untick it to start a new run":
+        "{field}：{path} 中没有可继续的运行；取消勾选即可开始新的运行",
+    "{field} {path}: no such folder": "{field} {path}：目录不存在",
+    "{field} {name}: not found; pick one from the list, or give a model folder in the workspace or a hub id "
+    "(org/name)": "{field} {name}：找不到；请从列表中选择，或填写工作区中的模型目录或 Hub 上的模型 ID（组织/名称）",
+    # train
+    "One training at a time per server: Start is refused while a run trains (stop it first).":
+        "每个服务同一时间只能进行一个训练：训练进行时会拒绝再次开始（请先停止）。",
+    "Dismiss": "关闭提示",
+    "a training run is already going ({path}); one training at a time per server: stop it first":
+        "已有训练在进行（{path}）；每个服务同一时间只能进行一个训练：请先停止它",
+    "last run of the workspace: {path} ({state})": "工作区中最近的运行：{path}（{state}）",
+    "weights": "权重", "trainable parameters": "可训练参数", "half-precision copies of trained weights":
+        "训练权重的半精度副本", "gradients": "梯度", "optimizer states": "优化器状态", "activations": "激活值",
+    "logits and loss": "logits 与损失", "optimizer step workspace": "优化器步骤的工作内存",
+    "minus: not alive at the same time": "减去：不同时存在的部分", "framework / allocator overhead": "框架与分配器开销",
+    # eval report (rendered from the eval result)
+    "{n} records from {data}; greedy answers of at most {tokens} tokens; scores 0-100":
+        "{data} 中的 {n} 条记录；贪心回答，最多 {tokens} 个 token；分数为 0-100",
+    "{metric} ({better})": "{metric}（{better}）", "lower is better": "越低越好", "higher is better": "越高越好", "loss": "损失", "perplexity": "困惑度",
+    "exact match %": "完全匹配 %", "metric": "指标", "change": "变化", "#": "#", "reference": "参考答案",
+    "base answer": "基础模型的回答", "tuned answer": "微调后的回答", "Examples, most improved first": "样例（提升最多的在前）",
+    "evaluated {n} record(s); report written to {path}": "已评估 {n} 条记录；报告已写到 {path}",
+    # export
+    "merged model saved to {path}": "合并后的模型已保存到 {path}", "exported to {path}": "已导出到 {path}",
+    "quant": "量化类型", "dtype": "数据类型",
+    # doctor
+    "PyTorch build": "PyTorch 版本与后端", "WSL": "WSL 环境", "access to the AMD GPU": "AMD GPU 访问权限",
+    "QLoRA (4-bit)": "QLoRA（4 位量化）", "FlashAttention": "FlashAttention 加速", "training precision": "训练精度",
+    "AMD kernel driver (/dev/kfd)": "AMD 内核驱动（/dev/kfd）", "GPU in PyTorch": "PyTorch 能否使用 GPU",
+    "package versions": "依赖包版本", "NVIDIA driver": "NVIDIA 驱动", "several GPUs: IOMMU": "多 GPU：IOMMU",
+    "several GPUs": "多 GPU", "visible GPUs": "可见的 GPU", "several GPUs: peer to peer": "多 GPU：点对点通信",
+    "several GPUs: mixed models": "多 GPU：型号混用", "training on the CPU": "在 CPU 上训练",
+    "attention kernel": "注意力实现", "ROCm version": "ROCm 版本", "AMD render device (/dev/dri)": "AMD 渲染设备（/dev/dri）",
+    "details (English)": "详情（英文）",
+    "system": "系统", "user": "用户", "assistant": "助手",
+    "OK": "正常", "WARN": "警告", "FAIL": "失败",
 }

@@ -83,8 +83,11 @@ def runs(ws) -> list[str]:
 
 
 def run_choices(ws) -> list[tuple[str, str]]:
-    """(label, value) for a runs dropdown: `runs/a  (done)`, the value being the path."""
-    return [(f"{r}  ({rundir.run_state(os.path.join(ws.root, r))})", r) for r in runs(ws)]
+    """(label, value) for a runs dropdown: `runs/a  (done)` (the state in the page's language), the value being
+    the path."""
+    from roctune.webui.i18n import t
+
+    return [(f"{r}  ({t(rundir.run_state(os.path.join(ws.root, r)))})", r) for r in runs(ws)]
 
 
 def checkpoints(ws, run: str) -> list[str]:

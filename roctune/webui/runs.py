@@ -53,10 +53,12 @@ def build(gr, ws) -> SimpleNamespace:
             ui.first = gr.Dropdown([], label="first run", allow_custom_value=True, elem_id="rt-runs-first")
             ui.second = gr.Dropdown([], label="second run", allow_custom_value=True, elem_id="rt-runs-second")
         with gr.Row():
-            ui.plot1 = gr.LinePlot(curve(ws, None), x="step", y="loss", title="first run", height=260,
-                                   elem_id="rt-runs-plot1")
-            ui.plot2 = gr.LinePlot(curve(ws, None), x="step", y="loss", title="second run", height=260,
-                                   elem_id="rt-runs-plot2")
+            ui.plot1 = gr.LinePlot(curve(ws, None), x="step", y="loss",
+                                   x_title="step", y_title="loss", title="first run", height=260,
+                                   x_axis_format="d", elem_id="rt-runs-plot1")
+            ui.plot2 = gr.LinePlot(curve(ws, None), x="step", y="loss",
+                                   x_title="step", y_title="loss", title="second run", height=260,
+                                   x_axis_format="d", elem_id="rt-runs-plot2")
 
     @guard("webui", 2)
     def on_refresh():

@@ -17,6 +17,9 @@ from roctune.webui.train_form import ESTIMATE_FIELDS, FORM_GROUPS, OPEN_GROUPS, 
     form_config, form_specs, form_values
 
 
+DEVICE_NAMES = {"cpu": "CPU", "cuda": "GPU"}
+
+
 def memory_html(cfg) -> str:
     """The memory estimate for these settings, and whether it fits this machine's GPU (or RAM)."""
     from roctune.hardware import choose_device, choose_dtype, detected_gpu, system_memory_bytes
@@ -26,7 +29,7 @@ def memory_html(cfg) -> str:
     device = choose_device(cfg.device).value
     dtype = choose_dtype(cfg.dtype, device).value
     est = estimate_run(resolve_model(cfg.model), cfg, device=device, dtype=dtype)
-    rows = "".join(f"<tr><td>{est.LABELS.get(k, k)}</td><td>{gib(v)}</td></tr>"
+    rows = "".join(f"<tr><td>{esc(t(est.LABELS.get(k, k)))}</td><td>{gib(v)}</td></tr>"
                    for k, v in est.breakdown.items() if v)
     if device == "cuda":
         gpu = detected_gpu()
@@ -42,7 +45,8 @@ def memory_html(cfg) -> str:
                                                   "(`roctune estimate --suggest`)", where=where, avail=gib(avail)))
                + "</span>")
     line = t("estimated peak memory: <b>{total}</b> on {device} ({dtype}, batch {batch} x {length} tokens, {trained} of "
-             "{params} parameters trained).", total=gib(est.total_bytes), device=device, dtype=dtype,
+             "{params} parameters trained).", total=gib(est.total_bytes), device=DEVICE_NAMES.get(device, device),
+             dtype=dtype,
              batch=cfg.batch_size, length=cfg.max_length, trained=f"{est.trainable_params:,}",
              params=f"{est.total_params:,}")
     return (f'<p id="rt-estimate">{line}{fit}</p>'
@@ -74,6 +78,19 @@ def progress_text(status: dict | None, job: TrainJob | None = None) -> str:
     return " | ".join(parts)
 
 
+def progress_html(status: dict | None, job: TrainJob | None = None) -> str:
+    """`progress_text` under a bar of the steps done (while the trainer knows its total)."""
+    text = progress_text(status, job)
+    if not text:
+        return ""
+    bar = ""
+    if status and status.get("total"):
+        share = max(0.0, min(1.0, (status.get("step") or 0) / status["total"]))
+        bar = (f'<div class="rt-bar" role="progressbar" aria-valuenow="{status.get("step") or 0}" '
+               f'aria-valuemax="{status["total"]}"><div style="width:{share * 100:.1f}%"></div></div>')
+    return f'{bar}<div id="rt-progress-text">{esc(text)}</div>'
+
+
 def live_dir(output: str) -> str:
     """Where a run being written lives: the staging folder of an --overwrite (rundir.claim) until it is swapped in."""
     from roctune.rundir.lock import staging_path
@@ -97,6 +114,16 @@ def loss_frame(metrics: list[dict]):
     return frame.astype({"step": "int64", "loss": "float64"})
 
 
+def plot_update(gr, metrics: list[dict], total: int | None = None):
+    """The loss curve with sane axes: steps from 0 to the run's total (whole-number labels), the loss from 0 to a
+    little above its largest value, so one point or a flat curve still has two ends to its axes."""
+    frame = loss_frame(metrics)
+    last = int(frame["step"].max()) if len(frame) else 0
+    top = float(frame["loss"].max()) if len(frame) else 1.0
+    return gr.update(value=frame, x_lim=[0, max(1, total or 0, last)], y_lim=[0, max(top * 1.1, 1e-3)])
+
+
+ONE_RUN = "One training at a time per server: Start is refused while a run trains (stop it first)."
 TRUST_OFF = "off: start the server with `roctune webui --trust-remote-code` to allow a model's own code"
 
 
@@ -125,6 +152,7 @@ def _form(gr, run_root: str, trust_allowed: bool = False) -> dict:
 def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
     ui = SimpleNamespace(fields=_form(gr, run_root, trust_allowed))
     ui.estimate = gr.HTML(elem_id="rt-estimate-out")
+    gr.Markdown(ONE_RUN, elem_id="rt-one-run")
     with gr.Row():
         ui.start_btn = gr.Button("Start training", variant="primary", elem_id="rt-start")
         ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="rt-stop")
@@ -137,10 +165,13 @@ def _layout(gr, run_root: str, trust_allowed: bool = False) -> SimpleNamespace:
         ui.load_btn = gr.Button("Load settings", scale=1, elem_id="rt-load-settings")
     ui.command = gr.Code(label="the command and settings file for this form", language="yaml", interactive=False,
                          elem_id="rt-command")
+    with gr.Row(equal_height=True):
+        ui.notice = gr.HTML(elem_id="rt-train-notice")  # a refusal or a form error: stays until dismissed
+        ui.dismiss = gr.Button("Dismiss", size="sm", scale=0, min_width=100, visible=False, elem_id="rt-dismiss")
     ui.status = gr.HTML(elem_id="rt-train-status")
-    ui.progress = gr.Markdown(elem_id="rt-progress")
-    ui.plot = gr.LinePlot(loss_frame([]), x="step", y="loss", title="training loss", height=300,
-                          elem_id="rt-loss-plot")
+    ui.progress = gr.HTML(elem_id="rt-progress")
+    ui.plot = gr.LinePlot(loss_frame([]), x="step", y="loss", x_title="step", y_title="loss", title="training loss",
+                          height=300, x_axis_format="d", elem_id="rt-loss-plot")
     ui.done = gr.Textbox(label="run directory when done", interactive=False, elem_id="rt-run-dir")
     with gr.Accordion("log", open=False):
         ui.log = gr.Textbox(lines=12, max_lines=12, show_label=False, autoscroll=True, elem_id="rt-train-log")
@@ -161,25 +192,35 @@ def preview(cfg, settings_path: str = "FILE.yaml") -> str:
     return f"# {command_text(train_argv(settings_path, cfg.trust_remote_code))}\n" + settings_yaml(cfg)
 
 
+def field_marks(gr, names: list[str], bad: str | None) -> list:
+    """One update per form field: the field an error is about marked (red), every other one cleared."""
+    return [gr.update(elem_classes=["rt-bad"] if n == bad else []) for n in names]
+
+
 def start_handler(gr, ui, ws, state):
+    """Start: the form checked as `roctune train` checks it (an error in the page's words, at its field), a
+    second run refused with the running one named; both stay in the notice box (first output) until dismissed or
+    the next Start (the timer writes only the status box). A start puts its command there."""
     names = list(ui.fields)
+
+    def refuse(text: str, bad: str | None = None, timer: bool = False):
+        return (box(text, "error"), gr.update(visible=True), gr.update(), gr.update(), gr.update(),
+                gr.Timer(active=True) if timer else gr.update(), gr.update(), *field_marks(gr, names, bad))
 
     @in_language
     def on_start(*v):
         job = state["job"]
         if job is not None and job.running:
-            return (box(t("a training run is already going; stop it first"), "error"), gr.update(), gr.update(),
-                    gr.Timer(active=True), gr.update())
+            return refuse(t("a training run is already going ({path}); one training at a time per server: stop it "
+                            "first", path=job.output), timer=True)
         try:
             cfg, _ = form_config(dict(zip(names, v)), ws)
-        except Exception as e:  # noqa: BLE001 - the CLI's line on the page
-            return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False), gr.update()
-        try:
             state["job"] = job = TrainJob.start(cfg, ws.root)
-        except Exception as e:  # noqa: BLE001 - e.g. a value the settings file cannot carry: the line, no job
-            return box(error_line("train", e), "error"), "", gr.update(), gr.Timer(active=False), gr.update()
-        return (box(t("started: {command}", command=job.command), "info"), t("starting..."), "",
-                gr.Timer(active=True), preview(cfg, job.argv[job.argv.index("--config") + 1]))
+        except Exception as e:  # noqa: BLE001 - the error in the page's words, at its field
+            return refuse(error_line("train", e), getattr(e, "field", None))
+        return (box(t("started: {command}", command=job.command), "info"), gr.update(visible=False),
+                box(t("starting..."), "info"), progress_html(None, job), "", gr.Timer(active=True),
+                preview(cfg, job.argv[job.argv.index("--config") + 1]), *field_marks(gr, names, None))
 
     return on_start
 
@@ -235,8 +276,9 @@ def tick_handler(gr, state, n_followers: int):
             return (keep,) * (5 + n_followers) + (gr.Timer(active=False),)
         folder = live_dir(job.output)
         metrics, run_status = read_metrics(folder), read_status(folder)
-        prog = progress_text(run_status, job)
-        log, frame = job.log_text(), loss_frame(metrics)
+        prog = progress_html(run_status, job)
+        log = job.log_text()
+        frame = plot_update(gr, metrics, (run_status or {}).get("total"))
         if job.running:
             status = box(running_status(job, run_status), "info")
             return (status, prog, frame, log, keep) + (keep,) * n_followers + (gr.Timer(active=True),)
@@ -249,7 +291,7 @@ def tick_handler(gr, state, n_followers: int):
             status = box(t("stopped at step {step}; the unfinished run is in {path}", step=step, path=job.output),
                          "info")
         else:
-            status = box(cli_error(log, rc), "error")
+            status = box(t("error: {line}", line=cli_error(log, rc)), "error")
         return (status, prog, frame, log) + (keep,) * (1 + n_followers) + (gr.Timer(active=False),)
 
     return on_tick
@@ -267,21 +309,41 @@ def stop_handler(state):
     return on_stop
 
 
+def estimate_handler(gr, names: list[str], ws):
+    """The memory estimate for the form, and Start enabled only while it can be made (a model that cannot be
+    found disables Start, with the reason in the estimate's place)."""
+
+    @in_language
+    def on_estimate(*v):
+        values = {k: x for k, x in zip(names, v) if k in ESTIMATE_FIELDS}
+        try:
+            from roctune.config import check_settings
+
+            cfg = fill_config(values, ws)[0]
+            check_settings(cfg, ESTIMATE_FIELDS)  # a bad number: the settings' own keyed error, as Start gives it
+            return memory_html(cfg), gr.update(interactive=True)
+        except Exception as e:  # noqa: BLE001 - the reason, where the estimate would be
+            from roctune.errors import ModelError
+
+            # no model to train: Start would only fail after a process start; other mistakes Start shows at their field
+            return box(error_line("estimate", e), "error"), gr.update(interactive=not isinstance(e, ModelError))
+
+    return on_estimate
+
+
 def wire(gr, app, ui, ws, state, lang, followers: list) -> None:
     """The Train panel's events: the estimate on changes, Start, the timer that follows the job, Stop, and
     preview, save and load of the settings. `lang` is the page's language state, the last input of each."""
     names, inputs = list(ui.fields), list(ui.fields.values())
 
-    @guard("estimate", 1)
-    def on_estimate(*v):
-        values = {k: x for k, x in zip(names, v) if k in ESTIMATE_FIELDS}
-        return memory_html(fill_config(values, ws)[0])
-
+    on_estimate = estimate_handler(gr, names, ws)
     for name in ESTIMATE_FIELDS:
-        ui.fields[name].change(on_estimate, inputs + [lang], ui.estimate)
-    app.load(on_estimate, inputs + [lang], ui.estimate)
+        ui.fields[name].change(on_estimate, inputs + [lang], [ui.estimate, ui.start_btn])
+    app.load(on_estimate, inputs + [lang], [ui.estimate, ui.start_btn])
+    ui.again = [(on_estimate, inputs, [ui.estimate, ui.start_btn])]  # run again when the language changes
     ui.start_btn.click(start_handler(gr, ui, ws, state), inputs + [lang],
-                       [ui.status, ui.progress, ui.done, ui.timer, ui.command])
+                       [ui.notice, ui.dismiss, ui.status, ui.progress, ui.done, ui.timer, ui.command, *inputs])
+    ui.dismiss.click(lambda: ("", gr.update(visible=False)), None, [ui.notice, ui.dismiss])
     ui.timer.tick(tick_handler(gr, state, len(followers)), [lang],
                   [ui.status, ui.progress, ui.plot, ui.log, ui.done, *followers, ui.timer])
     ui.stop_btn.click(stop_handler(state), [lang], ui.status)
@@ -289,5 +351,52 @@ def wire(gr, app, ui, ws, state, lang, followers: list) -> None:
     ui.preview_btn.click(on_preview, inputs + [lang], [ui.status, ui.command])
     ui.save_btn.click(on_save, [ui.settings_path, *inputs, lang], [ui.status, ui.command])
     ui.load_btn.click(on_load, [ui.settings_path, lang], [ui.status, ui.command, *inputs])
-    # a page opened (or reloaded) while a run is going follows it
-    app.load(lambda: gr.Timer(active=bool(state["job"] and state["job"].running)), None, ui.timer)
+
+
+def last_run_handler(gr, ui, ws, state, n_followers: int):
+    """A page opened (or reloaded) shows the workspace's last run: the job this server started (the timer
+    follows it, also when it has ended), else the newest run directory: its settings in the form (a new output
+    folder kept), its status, progress and loss curve, and its folder in the result box and the other panels."""
+    from roctune.config import TrainConfig
+    from roctune.rundir import read_run, run_state
+    from roctune.webui.picks import runs
+
+    names = [n for n in ui.fields if n != "output"]
+    keep = gr.update()
+
+    @in_language
+    def on_open():
+        found = runs(ws)
+        if state["job"] is not None or not found:
+            return (keep,) * (4 + n_followers + len(names)) + (gr.Timer(active=state["job"] is not None),)
+        folder = os.path.join(ws.root, found[0])
+        try:
+            settings = read_run(folder).get("config") or {}
+        except Exception:  # noqa: BLE001 - a damaged run.yaml: the status and curve still show
+            settings = {}
+        cfg = TrainConfig()
+        for k, v in settings.items():
+            if k in names and v is not None:
+                setattr(cfg, k, v)
+        status, metrics, phase = read_status(folder), read_metrics(folder), run_state(folder)
+        kind = {"done": "ok", "failed": "error"}.get(phase, "info")
+        line = box(t("last run of the workspace: {path} ({state})", path=folder, state=t(phase)), kind)
+        plot = plot_update(gr, metrics, (status or {}).get("total"))
+        return (line, progress_html(status), plot, folder, *((folder,) * n_followers), *form_values(cfg, names),
+                gr.Timer(active=False))
+
+    @in_language
+    def on_switch():  # the language changed: the last run's lines again, the form as the user left it
+        out = on_open.__wrapped__()
+        return out[:2] if state["job"] is None else (keep, keep)
+
+    return on_open, on_switch, names
+
+
+def wire_last_run(gr, app, ui, ws, state, lang, followers: list) -> None:
+    """The workspace's last run on a page opened or reloaded; returns (handler, inputs, outputs) to run again when
+    the language changes."""
+    on_open, on_switch, names = last_run_handler(gr, ui, ws, state, len(followers))
+    app.load(on_open, [lang], [ui.status, ui.progress, ui.plot, ui.done, *followers,
+                               *[ui.fields[n] for n in names], ui.timer])
+    return on_switch, [], [ui.status, ui.progress]
