@@ -229,8 +229,8 @@ def test_reference_free_losses_train_without_a_reference_pass(tiny_model_dir, tm
     import roctune.recipes.dpo as dpo
     from roctune.config import TrainConfig
 
-    calls, real = [], dpo.score_reference
-    monkeypatch.setattr(dpo, "score_reference", lambda *a, **k: calls.append(a) or real(*a, **k))
+    calls, real = [], dpo.reference_scores
+    monkeypatch.setattr(dpo, "reference_scores", lambda *a, **k: calls.append(a) or real(*a, **k))
     data = write_jsonl(tmp_path / "p.jsonl", PAIRS)
     out = tmp_path / "run"
     summary, lines = run(TrainConfig(data=[data], output=str(out), model=tiny_model_dir, device="cpu", stage="dpo",

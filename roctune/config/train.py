@@ -98,7 +98,6 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
                 raise ConfigError(f"{shown} is for --stage {able} (it does not support --stage {self.stage}); "
                                   f"drop {name}")
 
-
     def _check_pt(self) -> None:
         """A stage that learns raw text (pt): the chat template and the settings of answers have nothing to act on."""
         if stages.STAGES[self.stage].chat:
@@ -109,4 +108,3 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
             if on:
                 raise ConfigError(f"{name} acts on chat conversations; --stage {self.stage} learns raw text "
                                   f"without a chat template: drop {name.split()[0]}")
-

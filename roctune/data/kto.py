@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.data.preference import tokenize_answer
-from roctune.data.readers import iter_located
-from roctune.data.records import ErrorLimit
+from roctune.data.records import read_checked
 from roctune.data.render import Tokenized
-from roctune.data.sources import Source, resolve_sources
+from roctune.data.sources import Source
 from roctune.errors import DataError
 
 LABEL_KEYS = ("label", "kto_tag")  # TRL's name, LLaMA-Factory's name
@@ -73,24 +72,7 @@ def to_example(obj: dict, where: str, src: Source) -> Example:
 
 def load_examples(paths, max_errors: int = 5) -> list[Example]:
     """Read and check every KTO record (errors collected as `records.load_records` does)."""
-    if isinstance(paths, str):
-        paths = [paths]
-    out: list[Example] = []
-    errors = ErrorLimit(max_errors)
-    with errors.collecting():
-        for spec in paths:
-            for src in resolve_sources(spec):
-                n = 0
-                for where, _num, obj in iter_located(src.path, errors):
-                    n += 1
-                    try:
-                        out.append(to_example(obj, where, src))
-                    except DataError as e:
-                        errors(e)
-                if n == 0 and not errors.errors:
-                    errors(DataError(f"{src.path}: no records in the file; add answers marked \"label\": "
-                                     "true or false"))
-    return out
+    return read_checked(paths, to_example, 'add answers marked "label": true or false', max_errors)
 
 
 # ------------------------------------------------------------------------------------------ tokenizing

@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.data.formats import ROLE_ALIASES, alpaca_prompt, field_text, maybe_json, parse_turns
-from roctune.data.readers import iter_located
-from roctune.data.records import ErrorLimit
+from roctune.data.records import read_checked
 from roctune.data.render import Tokenized, tokenize_conversation
-from roctune.data.sources import Source, resolve_sources, sharegpt_tags
+from roctune.data.sources import Source, sharegpt_tags
 from roctune.errors import DataError
 
 # (role key, content key, role map) of a dataset's turns; None keys are found per turn ('role' or 'from').
@@ -120,23 +119,7 @@ def _margin(obj: dict, where: str) -> float:
 
 def load_pairs(paths, max_errors: int = 5) -> list[Pair]:
     """Read and check every preference record (errors collected as `records.load_records` does)."""
-    if isinstance(paths, str):
-        paths = [paths]
-    pairs: list[Pair] = []
-    errors = ErrorLimit(max_errors)
-    with errors.collecting():
-        for spec in paths:
-            for src in resolve_sources(spec):
-                n = 0
-                for where, _num, obj in iter_located(src.path, errors):
-                    n += 1
-                    try:
-                        pairs.append(to_pair(obj, where, src))
-                    except DataError as e:
-                        errors(e)
-                if n == 0 and not errors.errors:
-                    errors(DataError(f"{src.path}: no records in the file; add at least one preference pair"))
-    return pairs
+    return read_checked(paths, to_pair, "add at least one preference pair", max_errors)
 
 
 # ------------------------------------------------------------------------------------------ tokenizing

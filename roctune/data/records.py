@@ -78,6 +78,29 @@ class ErrorLimit:
             raise combine_errors(self.errors)
 
 
+def read_checked(paths, convert, empty: str, max_errors: int = 5) -> list:
+    """`convert(obj, where, src)` of every record of the --data values `paths` (a record it refuses with a DataError
+    is collected; up to `max_errors` of them are raised together, as `load_records` does); a file without records
+    is an error ending with `empty` (what to add). The readers of pairs (dpo, rm) and of marked answers (kto)."""
+    if isinstance(paths, str):
+        paths = [paths]
+    out: list = []
+    errors = ErrorLimit(max_errors)
+    with errors.collecting():
+        for spec in paths:
+            for src in resolve_sources(spec):
+                n = 0
+                for where, _num, obj in iter_located(src.path, errors):
+                    n += 1
+                    try:
+                        out.append(convert(obj, where, src))
+                    except DataError as e:
+                        errors(e)
+                if n == 0 and not errors.errors:
+                    errors(DataError(f"{src.path}: no records in the file; {empty}"))
+    return out
+
+
 def iter_examples(specs: str | Iterable[str], on_error: OnError = None, on_read: OnRead = None
                   ) -> Iterator[Example]:
     """Stream every valid record of one or several --data values (mixed in the order given).

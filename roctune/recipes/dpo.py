@@ -87,8 +87,8 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def before_training(model, mine: list[int]):
         todo = [items[i] for i in mine] + eval_items
         say(f"dpo: scoring {len(todo)} pair(s) with the reference (the starting model)")
-        score_reference(model, todo, pad_id, setup, cfg.batch_size, head, Progress(len(todo), 0, progress, "reference"),
-                        say)
+        session.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
+                               Progress(len(todo), 0, progress, "reference"), say)
 
     task = loop.Task(
         items=items, eval_items=eval_items, lengths=[len(x.chosen.input_ids) + len(x.rejected.input_ids) for x in items],
@@ -107,20 +107,11 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     return session.finish(cfg, model, tokenizer, dist, summary, say)
 
 
-def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, head: Head | None, bar,
-                    say) -> None:
-    """Fill each item's `ref` with its log-probabilities under the model as it is now, without gradients."""
-    import torch
+def reference_scores(model, pad_id: int, setup, head: Head | None):
+    """score(chunk) for session.reference_pass: each pair's (chosen, rejected) log-probabilities."""
+    def score(chunk: list[Item]) -> list[tuple[float, float]]:
+        c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, head)
+        return list(zip(c.float().tolist(), r.float().tolist()))
 
-    model.eval()
-    with torch.no_grad():
-        for s in range(0, len(todo), batch_size):
-            chunk = todo[s:s + batch_size]
-            with loop.autocast(setup):
-                c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, head)
-            for x, rc, rr in zip(chunk, c.float().tolist(), r.float().tolist()):
-                x.ref = (rc, rr)
-            bar.update(s + len(chunk), "", say)
-    bar.close()
-    model.train()
+    return score
 

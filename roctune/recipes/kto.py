@@ -94,8 +94,8 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def before_training(model, mine: list[int]):
         todo = [items[i] for i in mine] + eval_items
         say(f"kto: scoring {len(todo)} example(s) and their mismatched pairs with the reference (the starting model)")
-        score_reference(model, todo, pad_id, setup, cfg.batch_size, head,
-                        Progress(len(todo), 0, progress, "reference"), say)
+        session.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
+                               Progress(len(todo), 0, progress, "reference"), say)
 
     task = loop.Task(
         items=items, eval_items=eval_items, lengths=[len(x.ex.input_ids) + len(x.kl.input_ids) for x in items],
@@ -144,20 +144,10 @@ def eval_metrics(s: dict) -> dict:
     return out
 
 
-def score_reference(model, todo: list[Item], pad_id: int, setup, batch_size: int, head: Head | None, bar,
-                    say) -> None:
-    """Fill each item's `ref` with the log-probabilities of its two sequences under the model as it is now."""
-    import torch
+def reference_scores(model, pad_id: int, setup, head: Head | None):
+    """score(chunk) for session.reference_pass: each example's and its mismatched pair's log-probabilities."""
+    def score(chunk: list[Item]) -> list[tuple[float, float]]:
+        lp = logps(model, [x.ex for x in chunk] + [x.kl for x in chunk], pad_id, setup.device, head).float().tolist()
+        return list(zip(lp[:len(chunk)], lp[len(chunk):]))
 
-    model.eval()
-    with torch.no_grad():
-        for s in range(0, len(todo), batch_size):
-            chunk = todo[s:s + batch_size]
-            with loop.autocast(setup):
-                lp = logps(model, [x.ex for x in chunk] + [x.kl for x in chunk], pad_id, setup.device, head)
-            lp = lp.float().tolist()
-            for k, x in enumerate(chunk):
-                x.ref = (lp[k], lp[len(chunk) + k])
-            bar.update(s + len(chunk), "", say)
-    bar.close()
-    model.train()
+    return score
