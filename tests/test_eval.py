@@ -85,10 +85,10 @@ def test_webui_eval_panel_shows_the_report(identity_eval_run):
     root, out, held = identity_eval_run
     ws = Workspace(str(root))
     status, body = eval_handler(ws)("run", "held_out.jsonl", "", 8)
-    assert "rt-ok" in status and body.count("<tr class='rt-example ") == len(HELD_OUT)
+    assert "rt-ok" in status and body.count("<tr class='rt-example") == len(HELD_OUT)
     assert os.path.isfile(os.path.join(out, "eval", "report.html"))
     status, again = show_handler(ws)("run", "")
-    assert again.count("<tr class='rt-example ") == len(HELD_OUT)
+    assert again.count("<tr class='rt-example") == len(HELD_OUT)
     status, _ = show_handler(ws)("run", "../elsewhere")
     assert "outside the workspace" in status
 

@@ -370,6 +370,11 @@ CASES = {
         ("supervised-fraction-5", "estimate --no-detect --supervised-fraction 5", "--supervised-fraction"),
         ("model-deep-config", "estimate --no-detect --model notmodel", "config.json"),
     ],
+    "models": [
+        ("pull-path", "models pull ../evil", "not a hub id"),
+        ("pull-three-parts", "models pull a/b/c", "not a hub id"),
+        ("unknown-action", "models bogus", "bogus"),
+    ],
     "bench": [
         ("max-steps-0", "bench --max-steps 0", "--max-steps"),
         ("lr-nan", "bench --lr nan", "--lr"),

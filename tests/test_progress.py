@@ -169,7 +169,8 @@ def test_webui_train_tick_reads_the_phase_from_status_json(tiny_lora_run, tmp_pa
     job = TrainJob(["python", "-m", "roctune", "train"], run, SimpleNamespace(poll=lambda: None), str(log))
     status, prog = tick_handler(gr, {"job": job}, 0)()[:2]
     assert "running: evaluating" in status and "started: roctune train" in status, status
-    assert prog == "evaluating | step 2/2 | loss 1.5000 | ETA 0:03"
+    assert prog.endswith('<div id="rt-progress-text">evaluating | step 2/2 | loss 1.5000 | ETA 0:03</div>')
+    assert 'role="progressbar" aria-valuenow="2" aria-valuemax="2"' in prog  # the bar: step 2 of 2
 
 
 def test_a_stop_signal_swallowed_by_a_finalizer_stops_at_the_next_progress_point(monkeypatch):

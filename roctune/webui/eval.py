@@ -43,7 +43,7 @@ def report_html(result: dict) -> str:
         rows += f"<tr><td>{name}</td><td>{base}</td><td>{tuned}</td><td>{delta}</td></tr>"
     heads = "".join(f"<th>{t(h)}</th>" for h in ("metric", "base model", "fine-tuned", "change"))
     ex = "".join(
-        f"<tr><td>{e['index'] + 1}</td><td>{esc(e['prompt'])}</td><td>{esc(e['reference'])}</td>"
+        f"<tr class='rt-example'><td>{e['index'] + 1}</td><td>{esc(e['prompt'])}</td><td>{esc(e['reference'])}</td>"
         f"<td>{esc(e['base']['answer'])}</td><td>{esc(e['tuned']['answer'])}</td>"
         f"<td>{e['base']['rougeL']:.1f} &rarr; {e['tuned']['rougeL']:.1f}</td></tr>" for e in result["examples"])
     ex_heads = "".join(f"<th>{t(h)}</th>" for h in ("#", "prompt", "reference", "base answer", "tuned answer",

@@ -62,11 +62,14 @@ def check_table(check: dict | None) -> str:
     """The fidelity check's answers side by side (merged model vs GGUF), as HTML."""
     if not check:
         return ""
+    head = t("fidelity check ({quant}): mean KL divergence {kl} (limit {limit}), same top token at {top}% of {n} "
+             "positions, greedy answers equal {equal}/{total}", quant=check["quant"], kl=f"{check['mean_kl']:.3g}",
+             limit=f"{check['kl_limit']:g}", top=f"{100 * check['same_top']:.1f}", n=check["positions"],
+             equal=check["answers_equal"], total=check["prompts"])
     rows = "".join(f"<tr><td>{esc(a['merged'])}</td><td>{esc(a['gguf'])}</td>"
                    f"<td>{t('yes') if a['merged'] == a['gguf'] else t('no')}</td></tr>" for a in check["answers"])
     heads = "".join(f"<th>{t(h)}</th>" for h in ("merged model answers", "GGUF answers", "equal"))
-    return f'<table class="rt-table"><tr>{heads}</tr>{rows}</table>'
-
+    return f'<p class="rt-why">{esc(head)}</p><table class="rt-table"><tr>{heads}</tr>{rows}</table>'
 
 
 def build(gr, ws, lang) -> SimpleNamespace:

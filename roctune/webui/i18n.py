@@ -336,6 +336,10 @@ ZH: dict[str, str] = {
     "evaluated {n} record(s); report written to {path}": "已评估 {n} 条记录；报告已写到 {path}",
     # export
     "merged model saved to {path}": "合并后的模型已保存到 {path}", "exported to {path}": "已导出到 {path}",
+    "fidelity check ({quant}): mean KL divergence {kl} (limit {limit}), same top token at {top}% of {n} positions, "
+    "greedy answers equal {equal}/{total}":
+        "保真度检查（{quant}）：平均 KL 散度 {kl}（上限 {limit}），{n} 个位置中 {top}% 的最高概率 token 相同，"
+        "贪心回答相同 {equal}/{total}",
     "quant": "量化类型", "dtype": "数据类型",
     # doctor
     "PyTorch build": "PyTorch 版本与后端", "WSL": "WSL 环境", "access to the AMD GPU": "AMD GPU 访问权限",
