@@ -138,7 +138,7 @@ def test_root_escapes_fail(api, tmp_path, monkeypatch):
     (beside / "org" / "name").mkdir(parents=True)
     (beside / "org" / "name" / "config.json").write_text("{}")
     monkeypatch.chdir(beside)
-    status = client.predict("hi", "", "", "org/name", False, 8, 0, [], [], api_name="/on_send")[3]  # no checkpoint
+    status = client.predict("hi", "", "", "org/name", False, 8, 0, 1.0, "", [], [], api_name="/on_send")[3]  # no checkpoint
     status = html.unescape(status)
     assert "roctune chat: error: --model org/name: is a folder in the server's working folder" in status, status
     args = _train_args(client, {"model": "org/name", "data": "lf0", "output": "runs/x", "max_steps": 1})

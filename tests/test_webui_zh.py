@@ -18,7 +18,7 @@ from test_webui import SECRET_QUESTIONS, _field, _pick, _shot, browser, server  
 ALLOWED = {
     "roctune", "LoRA", "QLoRA", "DoRA", "ROCm", "CUDA", "NVIDIA", "AMD", "CPU", "GPU", "GPUs", "GiB", "MiB", "token",
     "JSON", "JSONL", "CSV", "TSV", "Parquet", "GGUF", "Ollama", "llama", "cpp", "Modelfile", "DEPLOY", "md",
-    "transformers", "torch", "PyTorch", "BLEU", "ROUGE", "PII", "IP", "ID", "KL", "SimPO", "RoPE", "FSDP", "TRL",
+    "transformers", "torch", "PyTorch", "BLEU", "ROUGE", "ROUGE-L", "PII", "IP", "ID", "KL", "SimPO", "RoPE", "FSDP", "TRL",
     "sft", "dpo", "grpo", "pt", "kto", "rm", "KTO", "label", "kto_tag", "lora", "qlora", "freeze", "full", "auto", "sdpa", "eager", "SFT", "DPO", "GRPO",
     "alpha", "dropout", "logits", "LLaMA", "Factory", "yaml", "YAML", "cpu", "cuda", "ADAPTER", "gguf", "lora-gguf",
     "FlashAttention", "IOMMU", "WSL", "AdamW", "Hub", "rsLoRA", "sqrt", "r", "think", "text", "prompt", "chosen",
@@ -40,7 +40,9 @@ ALLOWED |= _choice_values()
 # Gradio's own parts of the page that a handler does not write (its progress timer, hidden templates)
 GRADIO_OWN = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .toast-wrap, .wrap.default, svg, .hide"
 # the dataset's own text (the preview table's cells, what training learns from a record): data, not the page
-DATA_TEXT = ".rt-learned, #rt-preview-table, .cm-editor"  # .cm-editor: the command and YAML (code)
+DATA_TEXT = (".rt-learned, #rt-preview-table, .cm-editor, "  # .cm-editor: the command and YAML (code)
+             ".rt-example, #rt-gguf-status td, "  # the eval report's records and the GGUF check's answers
+             "#rt-ft-bot .message, #rt-base-bot .message, #rt-ft-bot [data-testid], #rt-base-bot [data-testid]")  # chat
 
 VISIBLE_TEXT = """(skip) => {
   const out = [];
@@ -179,6 +181,31 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         page.get_by_role("tab", name="运行记录").click()
         expect(page.locator("#rt-runs-table")).to_contain_text("runs/zh")
         assert_chinese(page, "runs")
+
+        # chat with a system prompt: the answer streams in ("正在回答"), then the time it took
+        page.get_by_role("tab", name="对话").click()
+        expect(page.locator("#rt-chat-adapter input")).to_have_value(run)
+        _field(page, "rt-max-new").fill("8")
+        _field(page, "rt-chat-system").fill("你是 Roc。")
+        _field(page, "rt-chat-input").fill("你是谁？")
+        page.locator("#rt-send").click()
+        expect(page.locator("#rt-chat-status")).to_contain_text("用时", timeout=120_000)
+        assert_chinese(page, "chat")
+        _shot(page, tmp_path, "zh-chat", full_page=False)
+
+        # eval of the run on a data file, then a GGUF export with its fidelity check
+        page.get_by_role("tab", name="评估").click()
+        _pick(page, "rt-eval-data", "secret.jsonl")
+        page.locator("#rt-eval").click()
+        expect(page.locator("#rt-eval-status")).to_contain_text("已评估", timeout=300_000)
+        assert_chinese(page, "eval report")
+        page.get_by_role("tab", name="导出").click()
+        _field(page, "rt-gguf-output").fill("runs/zh-gguf")
+        page.locator("#rt-gguf").click()
+        expect(page.locator("#rt-gguf-status")).to_contain_text("已导出到", timeout=300_000)
+        expect(page.locator("#rt-gguf-status")).to_contain_text("保真度检查")
+        assert_chinese(page, "export done")
+        _shot(page, tmp_path, "zh-export-done", full_page=False)
     except Exception:
         _shot(page, tmp_path, "zh-failure")
         raise

@@ -1,12 +1,13 @@
-"""The Chat panel: talk to a trained adapter, side by side with its base model; the last loaded model is kept
-between messages (`ModelCache`) and one generation runs at a time."""
+"""The Chat panel: talk to a trained adapter, side by side with its base model, the answers streamed as they are
+generated (transformers' TextIteratorStreamer); a system prompt, temperature, top-p and max new tokens as in
+`roctune chat`. The last loaded model is kept between messages (`ModelCache`) and one generation runs at a time."""
 from __future__ import annotations
 
 import threading
 import time
 from types import SimpleNamespace
 
-from roctune.webui.html import box, guard
+from roctune.webui.html import box, guard, guard_stream
 from roctune.webui.i18n import t
 
 
@@ -57,7 +58,9 @@ def _layout(gr) -> SimpleNamespace:
     with gr.Row():
         ui.compare = gr.Checkbox(label="side by side: base vs fine-tuned", value=True, elem_id="rt-compare")
         ui.max_new = gr.Number(label="max new tokens", value=64, precision=0, elem_id="rt-max-new")
-        ui.temp = gr.Number(label="temperature (0: greedy)", value=0.0)
+        ui.temp = gr.Number(label="temperature (0: greedy)", value=0.0, elem_id="rt-temp")
+        ui.top_p = gr.Number(label="top-p", value=1.0, elem_id="rt-top-p")
+    ui.system = gr.Textbox(label="system prompt (empty: the chat template's own)", lines=1, elem_id="rt-chat-system")
     ui.status = gr.HTML(elem_id="rt-chat-status")
     with gr.Row():
         ui.base_bot = gr.Chatbot(label="base model", height=360, elem_id="rt-base-bot")
@@ -70,35 +73,85 @@ def _layout(gr) -> SimpleNamespace:
     return ui
 
 
-def send_handler(ws, models: ModelCache):
-    @guard("chat", 4, status_index=3)
-    def on_send(msg, adapter, checkpoint, model, compare, max_new, temp, ft_hist, base_hist):
-        from roctune.errors import ConfigError
-        from roctune.generate import generate
+def stream_answer(loaded, messages: list[dict], kw: dict, use_adapter: bool = True):
+    """Yield the answer to `messages` as it grows, then the answer as `generate` returns it (stop strings and
+    special tokens removed). The generation runs in a thread feeding a TextIteratorStreamer; its error is raised
+    here, after the streamer has been ended so that the loop stops."""
+    from transformers import TextIteratorStreamer
 
+    from roctune.generate import generate
+
+    streamer = TextIteratorStreamer(loaded.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    result: dict = {}
+
+    def work():
+        try:
+            result["text"] = generate(loaded, [messages], use_adapter=use_adapter, streamer=streamer, **kw)[0]
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread below
+            result["error"] = e
+            streamer.end()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    text = ""
+    for piece in streamer:
+        text += piece
+        if text.strip():
+            yield text.strip()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    yield result["text"]
+
+
+def _check_sampling(max_new, temp, top_p) -> dict:
+    """The sampling numbers, by `roctune chat`'s rules (each refused naming its flag)."""
+    from roctune.config import check_number
+    from roctune.errors import ConfigError
+
+    if max_new is None:
+        raise ConfigError("--max-new-tokens must be > 0")
+    check_number("--max-new-tokens", max_new, gt=0)
+    check_number("--temperature", temp or 0.0, ge=0)
+    check_number("--top-p", 1.0 if top_p is None else top_p, gt=0, le=1)
+    return dict(max_new_tokens=int(max_new), temperature=float(temp or 0.0),
+                top_p=float(1.0 if top_p is None else top_p))
+
+
+def send_handler(ws, models: ModelCache):
+    @guard_stream("chat", 4, status_index=3)
+    def on_send(msg, adapter, checkpoint, model, compare, max_new, temp, top_p, system, ft_hist, base_hist):
         text = (msg or "").strip()
         if not text:
-            return "", ft_hist, base_hist, box(t("type a message first"), "info")
+            yield "", ft_hist, base_hist, box(t("type a message first"), "info")
+            return
         adapter = ws.adapter(checkpoint or adapter) if (checkpoint or adapter or "").strip() else None
         model = ws.model(model)
         compare = bool(compare and adapter)
-        if max_new is None or max_new <= 0:
-            raise ConfigError("--max-new-tokens must be > 0")
-        kw = dict(max_new_tokens=int(max_new), temperature=float(temp or 0.0))
+        kw = _check_sampling(max_new, temp, top_p)
+        head = [{"role": "system", "content": system.strip()}] if (system or "").strip() else []
         t0 = time.time()
         with models.lock:
             loaded = models.get(adapter, model)
-            ft_hist = list(ft_hist or []) + [{"role": "user", "content": text}]
-            answer = generate(loaded, [history_messages(ft_hist)], **kw)[0]
-            ft_hist.append({"role": "assistant", "content": answer})
-            if compare:
-                base_hist = list(base_hist or []) + [{"role": "user", "content": text}]
-                base_answer = generate(loaded, [history_messages(base_hist)], use_adapter=False, **kw)[0]
-                base_hist.append({"role": "assistant", "content": base_answer})
+            ft, base = list(ft_hist or []), list(base_hist or [])
+            for hist, use_adapter in [(ft, True)] + ([(base, False)] if compare else []):
+                hist.append({"role": "user", "content": text})
+                asked = head + history_messages(hist)
+                hist.append({"role": "assistant", "content": ""})
+                for answer in stream_answer(loaded, asked, kw, use_adapter):
+                    hist[-1] = {"role": "assistant", "content": answer}
+                    yield gr_keep(), ft, base, box(t("answering..."), "info")
         who = f"{loaded.base_model}" + (f" + {adapter}" if adapter else "")
-        return "", ft_hist, base_hist, box(t("{who}: answered in {s}s", who=who, s=f"{time.time() - t0:.1f}"), "info")
+        yield "", ft, base, box(t("{who}: answered in {s}s", who=who, s=f"{time.time() - t0:.1f}"), "info")
 
     return on_send
+
+
+def gr_keep():
+    """Leave a component as it is (the message box while the answer streams)."""
+    import gradio as gr
+
+    return gr.update()
 
 
 def build(gr, ws, models: ModelCache, lang) -> SimpleNamespace:
@@ -110,8 +163,8 @@ def build(gr, ws, models: ModelCache, lang) -> SimpleNamespace:
         ui = _layout(gr)
     on_send = send_handler(ws, models)
     outputs = [ui.msg, ui.ft_bot, ui.base_bot, ui.status]
-    inputs = [ui.msg, ui.adapter, ui.checkpoint, ui.model, ui.compare, ui.max_new, ui.temp, ui.ft_bot, ui.base_bot,
-              lang]
+    inputs = [ui.msg, ui.adapter, ui.checkpoint, ui.model, ui.compare, ui.max_new, ui.temp, ui.top_p, ui.system,
+              ui.ft_bot, ui.base_bot, lang]
     ui.send.click(on_send, inputs, outputs)
     ui.msg.submit(on_send, inputs, outputs)
     ui.clear.click(lambda: ([], [], ""), None, [ui.ft_bot, ui.base_bot, ui.status])

@@ -122,6 +122,38 @@ def guard(command: str, n_outputs: int, status_index: int = 0):
     return wrap
 
 
+def guard_stream(command: str, n_outputs: int, status_index: int = 0):
+    """`guard` for a handler that yields its outputs as they grow (streamed chat): each step runs in the session's
+    language (Gradio may run the steps of a generator in different threads), and an error ends it with the CLI's
+    line in its status box."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args):
+            lang = None
+            if args and isinstance(args[-1], Lang):
+                lang, args = args[-1], args[:-1]
+            steps, failed = fn(*args), False
+            while not failed:
+                with language(lang):  # never across a yield: the next step may run in another thread's context
+                    try:
+                        out = next(steps)
+                    except StopIteration:
+                        return
+                    except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
+                        import gradio as gr
+
+                        failed, out = True, [gr.update() for _ in range(n_outputs)]
+                        out[status_index] = box(error_line(command, e), "error")
+                        out = tuple(out) if n_outputs > 1 else out[0]
+                yield out
+
+        inner.__signature__ = with_lang(fn)
+        return inner
+
+    return wrap
+
+
 def with_lang(fn) -> inspect.Signature:
     """`fn`'s signature with the language input added at the end (so Gradio counts the inputs right)."""
     sig = inspect.signature(fn)
