@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.progress import Progress
-from roctune.training import loop, session
+from roctune.training import loop, reference, session
 from roctune.training.batching import collate
 from roctune.training.losses import Head, sequence_logps
 from roctune.training.pref_losses import REFERENCE_FREE, PairLogps, PrefSettings, pair_losses
@@ -87,7 +87,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def before_training(model, mine: list[int]):
         todo = [items[i] for i in mine] + eval_items
         say(f"dpo: scoring {len(todo)} pair(s) with the reference (the starting model)")
-        session.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
+        reference.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
                                Progress(len(todo), 0, progress, "reference"), say)
 
     task = loop.Task(

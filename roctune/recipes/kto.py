@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from roctune.errors import DataError
 from roctune.progress import Progress
-from roctune.training import loop, session
+from roctune.training import loop, reference, session
 from roctune.training.batching import collate
 from roctune.training.kto_loss import KTOSettings, kl_estimate, kto_losses
 from roctune.training.losses import Head, sequence_logps
@@ -94,7 +94,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     def before_training(model, mine: list[int]):
         todo = [items[i] for i in mine] + eval_items
         say(f"kto: scoring {len(todo)} example(s) and their mismatched pairs with the reference (the starting model)")
-        session.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
+        reference.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
                                Progress(len(todo), 0, progress, "reference"), say)
 
     task = loop.Task(
