@@ -37,8 +37,10 @@ def _choice_values() -> set[str]:
 
 
 ALLOWED |= _choice_values()
-# Gradio's own parts of the page that a handler does not write (its progress timer, hidden templates)
-GRADIO_OWN = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .toast-wrap, .wrap.default, svg, .hide"
+# Gradio's own parts of the page that a handler does not write (its progress timer, hidden templates, and its
+# screen-reader announcer, which is not drawn and says "In queue: 1 of 2" while an event waits behind another; Gradio
+# has no Chinese for that line)
+GRADIO_OWN = ".progress-text, .meta-text, .meta-text-center, .eta-bar, .toast-wrap, .wrap.default, svg, .hide, .sr-only"
 # the dataset's own text (the preview table's cells, what training learns from a record): data, not the page
 DATA_TEXT = (".rt-learned, #rt-preview-table, .cm-editor, "  # .cm-editor: the command and YAML (code)
              ".rt-example, #rt-gguf-status td, "  # the eval report's records and the GGUF check's answers
