@@ -1,13 +1,15 @@
 """The training stages, one row each: what a stage reads, which recipe runs it and what it can do.
 
 A stage is a recipe file (roctune/recipes/NAME.py with `run(cfg, records, eval_records, base_model, log,
-progress)`), a data reader, and a row here. The settings layer (roctune.config) takes the stage names and builds
-its capability checks from this table (`--streaming` on a stage that cannot stream is refused in one line naming
+progress)`), a data reader, its settings section if it has settings of its own (roctune/config/NAME.py), and a row
+here. The settings layer (roctune.config) takes the stage names and the stages' sections from this table, and builds
+its capability checks from it (`--streaming` on a stage that cannot stream is refused in one line naming
 the flag and the stages that can), and roctune.recipes dispatches through it; nothing else lists the stages.
 
-The reader and recipe are named as "module:function" / "module" strings, imported only when a run needs them:
-this table sits in the facts layer, below the data readers and recipes it names (tests/test_layers.py), and
-importing it costs nothing.
+The reader, recipe and settings section are named as "module:name" / "module" strings, imported where they are
+used (the reader and recipe when a run needs them, the sections when roctune.config builds TrainConfig): this table
+sits in the facts layer, below the data readers, recipes and settings it names (tests/test_layers.py), and importing
+it costs nothing.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class Stage:
     zh: str
     reader: str  # "module:function": the records this stage learns from
     recipe: str  # the module whose run() trains it
+    settings: str | None = None  # "module:Class": the stage's own settings section (roctune.config), if any
     chat: bool = True  # renders conversations through a chat template (--template, reasoning settings)
     streaming: bool = False  # --streaming: tokenize into the data cache while reading
     truncation: bool = False  # --truncation left|split (the others keep prompts and answers whole)
@@ -32,8 +35,10 @@ class Stage:
     samples: bool = False  # generates token by token while training (--compile auto leaves such a stage eager)
 
     def load_reader(self):
-        module, function = self.reader.split(":")
-        return getattr(importlib.import_module(module), function)
+        return _load(self.reader)
+
+    def load_settings(self):
+        return _load(self.settings) if self.settings else None
 
     def load_recipe(self):
         return importlib.import_module(self.recipe)
@@ -47,15 +52,16 @@ ROWS = (
           "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False),
     Stage("dpo", "preference pairs: prompt/chosen/rejected, or LLaMA-Factory ranking data",
           "偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据",
-          "roctune.data.preference:load_pairs", "roctune.recipes.dpo"),
+          "roctune.data.preference:load_pairs", "roctune.recipes.dpo", settings="roctune.config.pref:PrefSettings"),
     Stage("kto", "single answers marked desirable or not: label true/false, or LLaMA-Factory's kto_tag",
           "单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag",
-          "roctune.data.kto:load_examples", "roctune.recipes.kto"),
+          "roctune.data.kto:load_examples", "roctune.recipes.kto", settings="roctune.config.kto:KtoSettings"),
     Stage("rm", "a reward model: one score per answer, trained on the same pairs as dpo",
           "奖励模型：给每个回答打一个分，用与 dpo 相同的偏好对训练",
           "roctune.data.preference:load_pairs", "roctune.recipes.rm", fsdp=False),
     Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
-          "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False, samples=True),
+          "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False, samples=True,
+          settings="roctune.config.grpo:GrpoSettings"),
 )
 STAGES = {s.name: s for s in ROWS}
 NAMES = tuple(STAGES)
@@ -63,6 +69,12 @@ NAMES = tuple(STAGES)
 # The capabilities a flag needs, for the settings' checks: (Stage field, the flag as users write it).
 CAPABILITIES = (("streaming", "--streaming"), ("truncation", "--truncation"),
                 ("sequence_parallel", "--sequence-parallel"), ("fsdp", "--fsdp"))
+
+
+def _load(spec: str):
+    """'module:name' -> the object."""
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def able(capability: str) -> tuple[str, ...]:

@@ -52,3 +52,43 @@ def test_a_flag_the_stage_lacks_is_refused_naming_the_stages_that_have_it(tmp_pa
                                                if getattr(r, c)])
 def test_a_flag_the_stage_has_passes_the_stage_check(tmp_path, stage, capability):
     _cfg(tmp_path, stage, **FLAG_SETTINGS[capability])._check_stage()  # raises nothing
+
+
+def test_sections_are_one_tuple_that_builds_the_settings():
+    """TrainConfig's bases, the YAML aliases and the settings --resume keeps all come from SECTIONS; a stage's own
+    section is named by its row, and every section file's dataclass is in the tuple."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import roctune.config as config_pkg
+    from roctune.config import ALIASES, RESUME_FIXED, SECTIONS
+
+    for row in stages.ROWS:
+        assert row.settings is None or row.load_settings() in SECTIONS
+    assert set(TrainConfig.__mro__[1:-1]) == set(SECTIONS)
+    assert TrainConfig.field_names() == [f.name for s in SECTIONS for f in dataclasses.fields(s)]
+    declared = {obj for m in pkgutil.iter_modules(config_pkg.__path__)
+                for obj in vars(importlib.import_module(f"roctune.config.{m.name}")).values()
+                if isinstance(obj, type) and obj.__name__.endswith("Settings") and dataclasses.is_dataclass(obj)
+                and obj is not TrainConfig}
+    assert declared == set(SECTIONS)
+    # the names users and old run.yaml files use, as they were when these lists were written by hand
+    assert ALIASES == {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method",
+                       "dpo_label_smoothing": "label_smoothing", "kto_chosen_weight": "desirable_weight",
+                       "kto_rejected_weight": "undesirable_weight"}
+    assert sorted(RESUME_FIXED) == sorted(
+        ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
+         "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
+         "rope_scaling", "truncation", "pref_loss", "label_smoothing", "simpo_gamma", "desirable_weight",
+         "undesirable_weight", "seed", "batch_size", "grad_accum", "num_generations"))
+
+
+@pytest.mark.parametrize("kw, says", [(dict(stage="sft", desirable_weight=2.0), "--desirable-weight"),
+                                      (dict(stage="sft", pref_loss="ipo"), "--pref-loss"),
+                                      (dict(stage="sft", reward_model="r"), "--reward-model"),
+                                      (dict(load_best=True), "--load-best"),
+                                      (dict(truncation="split", max_length=1), "--truncation split")])
+def test_every_sections_check_runs(tmp_path, kw, says):
+    with pytest.raises(ConfigError, match=says):
+        _cfg(tmp_path, kw.pop("stage", "sft"), **kw).validate()

@@ -45,6 +45,7 @@ REWARD_SETTINGS = ("rewards", "reward_weights", "reward_file", "reward_model", "
 
 def run_rewards(args) -> int:
     """--reward/--reward-file: mean reward of greedy completions, base vs fine-tuned, on held-out prompts."""
+    from roctune.config.grpo import GrpoSettings
     from roctune.data.prompts import load_prompts
     from roctune.errors import ConfigError
     from roctune.eval import rewards as rw
@@ -57,7 +58,7 @@ def run_rewards(args) -> int:
                               f"the mean rewards (--json for a machine-readable result): drop --{flag}")
     cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
     cfg.stage, cfg.max_completion_length, cfg.device = "grpo", args.max_new_tokens, args.device
-    cfg.check_grpo()
+    GrpoSettings.check(cfg)
     rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
     rw.check_columns(cfg, load_prompts(args.data))
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print

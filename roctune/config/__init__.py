@@ -12,7 +12,9 @@ UI's form (`form_fields`) and the range checks (`TrainConfig.validate`). Order o
 `trust_remote_code` is taken only from the command line: a YAML file or an override that sets it is refused, so
 a config file someone sent you cannot make roctune run a model repository's code.
 
-A new stage's settings are one new section file, one base class of TrainConfig, and its row in roctune.stages.
+The sections are one tuple, `SECTIONS` (sections.py): TrainConfig's bases, the order of their checks, and the
+YAML aliases and the settings a resumed run must keep, collected from the fields' own declarations. A new stage's
+settings are one section file, named by the stage's row in roctune.stages; nothing else in this package changes.
 """
 from __future__ import annotations
 
@@ -23,12 +25,13 @@ from roctune.config.model import METHODS, STAGES
 from roctune.config.pref import PREF_LOSSES, SMOOTHED
 from roctune.config.run import TRACKERS
 from roctune.config.schema import check_number, check_value, coerce, flag, kind, setting
-from roctune.config.sources import (ALIASES, GROUP_TITLES, GROUP_TITLES_ZH, add_flags, apply, check_settings, fields,
+from roctune.config.sections import ALIASES, RESUME_FIXED, SECTIONS
+from roctune.config.sources import (GROUP_TITLES, GROUP_TITLES_ZH, add_flags, apply, check_settings, fields,
                                     form_fields, from_sources, load_yaml, parse_overrides)
 from roctune.config.train import TrainConfig
 
 __all__ = ["ALIASES", "DEFAULT_TARGET_MODULES", "GROUP_TITLES", "GROUP_TITLES_ZH", "LOSS_TYPES", "METHODS",
-           "PREF_LOSSES", "REWARDS", "ROLLOUT_ENGINES", "ROPE_TYPES", "SMOOTHED", "STAGES", "TRACKERS", "TRUNCATIONS",
-           "TrainConfig", "add_flags", "apply", "check_number", "check_settings", "check_value", "coerce", "fields",
-           "flag", "form_fields", "from_sources", "kind", "load_yaml", "parse_overrides", "rope_scaling_parts",
-           "setting"]
+           "PREF_LOSSES", "RESUME_FIXED", "REWARDS", "ROLLOUT_ENGINES", "ROPE_TYPES", "SECTIONS", "SMOOTHED", "STAGES",
+           "TRACKERS", "TRUNCATIONS", "TrainConfig", "add_flags", "apply", "check_number", "check_settings",
+           "check_value", "coerce", "fields", "flag", "form_fields", "from_sources", "kind", "load_yaml",
+           "parse_overrides", "rope_scaling_parts", "setting"]

@@ -19,7 +19,7 @@ class GrpoSettings:
     # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
     num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
                                    ge=2, le=1024, group="rl",
-                zh=("每个提示的生成数", "grpo：每个提示采样的回答数（优势在这一组内比较）"))
+                resume_fixed=True, zh=("每个提示的生成数", "grpo：每个提示采样的回答数（优势在这一组内比较）"))
     max_completion_length: int = setting(256, "grpo: tokens per completion at most (TRL: 512; 256 keeps CPU "
                                          "rollouts short)", gt=0, le=1_000_000, group="rl",
                 zh=("最大生成长度", "grpo：每个回答最多的 token 数（TRL：512；256 让 CPU 上的采样更快）"))
@@ -80,7 +80,7 @@ class GrpoSettings:
                                   "$ROCTUNE_VLLM_PYTHON)", choices=ROLLOUT_ENGINES, group="rl",
                 zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅“微调方法”lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
 
-    def check_grpo(self) -> None:
+    def check(self) -> None:
         import re
 
         if self.stage != "grpo":

@@ -33,7 +33,7 @@ class RunSettings:
     overwrite: bool = setting(False, "replace a previous roctune run in --output", group="run",
                 zh=("覆盖", "替换“输出目录”中以前的 roctune 运行"))
 
-    def _check_best(self) -> None:
+    def check(self) -> None:
         has_eval = bool(self.eval_data) or self.eval_ratio > 0
         for name, on in (("--early-stopping-patience", self.early_stopping_patience > 0),
                          ("--load-best", self.load_best)):

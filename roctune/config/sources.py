@@ -10,13 +10,9 @@ from typing import Any
 
 from roctune import strict_yaml
 from roctune.config.schema import check_value, coerce, flag, kind
+from roctune.config.sections import ALIASES
 from roctune.config.train import TrainConfig
 from roctune.errors import ConfigError
-
-# Other names users know a setting by (LLaMA-Factory's spelling).
-ALIASES = {"lora_target": "target_modules", "pref_beta": "beta", "finetuning_type": "method",
-           "dpo_label_smoothing": "label_smoothing", "kto_chosen_weight": "desirable_weight",
-           "kto_rejected_weight": "undesirable_weight"}
 
 
 def fields() -> list[dataclasses.Field]:

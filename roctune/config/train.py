@@ -1,7 +1,8 @@
 """TrainConfig: every training setting, one flat dataclass assembled from the sections (roctune/config/*.py),
 each of which declares its fields and checks them next to them. The flag and YAML names are the field names, so
 old config files and run.yaml files keep loading. `validate()` checks each field's own rules, then the settings
-that depend on each other: the stage's capabilities (roctune.stages), then each section's checks."""
+that depend on each other: the stage's capabilities (roctune.stages), then each section's checks. The sections are
+roctune.config.sections.SECTIONS: the common ones and those the stages' rows name."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,25 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from roctune import stages
-from roctune.config.data import DataSettings
-from roctune.config.grpo import GrpoSettings
-from roctune.config.hardware import HardwareSettings
-from roctune.config.kto import KtoSettings
-from roctune.config.long import LongSettings
-from roctune.config.lora import LoraSettings
-from roctune.config.model import ModelSettings
-from roctune.config.optim import OptimSettings
-from roctune.config.pref import PrefSettings
-from roctune.config.processes import ProcessSettings
-from roctune.config.run import RunSettings
 from roctune.config.schema import _check_utf8, check_value
+from roctune.config.sections import SECTIONS
 from roctune.errors import ConfigError
 
 
-# The fields' order (flags, --help, the web UI's form) is the sections' from the last base to the first.
+# The bases are the sections last first, so the fields (flags, --help, the web UI's form) come in SECTIONS' order.
 @dataclass
-class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, LoraSettings, OptimSettings,
-                  GrpoSettings, KtoSettings, PrefSettings, ModelSettings, DataSettings):
+class TrainConfig(*reversed(SECTIONS)):
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -77,12 +67,14 @@ class TrainConfig(LongSettings, ProcessSettings, HardwareSettings, RunSettings, 
             raise ConfigError("--fsdp shards the model over several processes; add --nproc N (N >= 2)")
         if not self.target_modules:
             raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")
-        self._check_best()
-        self._check_pref()
-        self._check_kto()
-        self.check_grpo()
         self._check_pt()
-        self._check_long()
+        self.check()
+
+    def check(self) -> None:
+        """Each section's own checks (its `check` method), in SECTIONS' order."""
+        for section in SECTIONS:
+            if "check" in vars(section):
+                section.check(self)
 
     def _check_stage(self) -> None:
         """The flags the stage's recipe does not implement (roctune.stages: its row's capabilities)."""

@@ -56,16 +56,6 @@ def prepare(cfg, check_output: bool = True):
     return records, eval_records, base_model
 
 
-# What defines a run: a resumed run continues the same training, so these must be what run.yaml recorded (the step
-# plan, the adapter's shape and the data order depend on them). Schedules, step counts, logging and evaluation may
-# change (a larger --max-steps continues a finished run).
-RESUME_FIXED = ("stage", "method", "model", "adapter", "data", "lora_r", "lora_alpha", "target_modules", "use_dora",
-                "use_rslora", "modules_to_save", "freeze_trainable_layers", "freeze_trainable_modules", "max_length",
-                "rope_scaling", "truncation", "pref_loss", "label_smoothing", "simpo_gamma", "desirable_weight",
-                "undesirable_weight",
-                "seed", "batch_size", "grad_accum", "num_generations")
-
-
 def _same(name: str, given, recorded) -> bool:
     import os
 
@@ -82,6 +72,7 @@ def check_resume(cfg) -> None:
     """--resume with settings that define a different run (another model, rank or data) is refused, naming the
     flag, both values and the fix; the run's files stay as they are."""
     from roctune import rundir
+    from roctune.config.sections import RESUME_FIXED  # the settings whose declaration says resume_fixed
     from roctune.errors import ConfigError
 
     recorded = rundir.read_run(cfg.output).get("config") or {}
