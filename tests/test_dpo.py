@@ -137,8 +137,9 @@ def test_logps_output_layer_only_at_answers_matches_full_logits(tiny_model_dir, 
     from roctune.training.losses import Head
 
     model = load_model(tiny_model_dir)
-    pairs, _ = tokenize_pairs(tokenizer, [Pair("r", [{"role": "user", "content": p["prompt"]}], p["chosen"],
-                                               p["rejected"]) for p in PAIRS[:3]], 64)
+    triples, _ = tokenize_pairs(tokenizer, [Pair("r", [{"role": "user", "content": p["prompt"]}], p["chosen"],
+                                                 p["rejected"]) for p in PAIRS[:3]], 64)
+    pairs = [(c, r) for c, r, _ in triples]
     with torch.no_grad():
         fast = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", Head())
         full = pair_logps(model, pairs, tokenizer.pad_token_id, "cpu", None)

@@ -136,14 +136,17 @@ def tokenize_answer(tokenizer, prompt: list[dict], answer: str, max_length: int)
     return ids[:max_length], labels[:max_length]
 
 
-def tokenize_pairs(tokenizer, pairs: list[Pair], max_length: int) -> tuple[list[tuple[Tokenized, Tokenized]], int]:
-    """[(chosen, rejected)] as Tokenized examples; pairs whose answer truncation removes entirely are dropped."""
+def tokenize_pairs(tokenizer, pairs: list[Pair], max_length: int, min_supervised: int = 2
+                   ) -> tuple[list[tuple[Tokenized, Tokenized, float]], int]:
+    """[(chosen, rejected, margin)] as Tokenized examples and the pair's margin; a pair whose answer truncation
+    leaves fewer than `min_supervised` learned tokens is dropped (dpo's log-probabilities of an answer need 2; a
+    reward model's score, read at the answer's last token, needs 1)."""
     out, dropped = [], 0
     for p in pairs:
         c = Tokenized(*tokenize_answer(tokenizer, p.prompt, p.chosen, max_length), p.source)
         r = Tokenized(*tokenize_answer(tokenizer, p.prompt, p.rejected, max_length), p.source)
-        if c.n_supervised < 2 or r.n_supervised < 2:
+        if c.n_supervised < min_supervised or r.n_supervised < min_supervised:
             dropped += 1
             continue
-        out.append((c, r))
+        out.append((c, r, p.margin))
     return out, dropped

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roctune.progress import Progress
 from roctune.training import loop, reference, session
 from roctune.training.batching import collate
 from roctune.training.losses import Head, sequence_logps
+from roctune.training.pair_task import pair_task
 from roctune.training.pref_losses import REFERENCE_FREE, PairLogps, PrefSettings, pair_losses
 
 
@@ -55,7 +55,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
     session.phase(cfg, dist, "tokenizing")
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
     pairs, eval_pairs = session.tokenize_splits(tokenize_pairs, tokenizer, records, eval_records, cfg, say, "pair")
-    items, eval_items = [Item(c, r) for c, r in pairs], [Item(c, r) for c, r in eval_pairs]
+    items, eval_items = [Item(c, r) for c, r, _ in pairs], [Item(c, r) for c, r, _ in eval_pairs]
     session.phase(cfg, dist, "loading")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
@@ -73,33 +73,11 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
             lp.ref_rejected = torch.tensor([x.ref[1] for x in batch], device=pc.device)
         return pair_losses(lp, pref)
 
-    def loss_sum(model, batch):
-        loss, ch, rj = scored(model, batch)
-        # device tensors: the loop reads the step's sums from the device once, for its log row
-        return loss.sum(), {"rewards_chosen": ch.detach().sum(), "rewards_rejected": rj.detach().sum(),
-                            "reward_accuracy": (ch > rj).float().sum()}
-
-    def eval_sums(model, batch):
-        loss, ch, rj = scored(model, batch)
-        return {"loss": float(loss.sum()), "margin": float((ch - rj).sum()),
-                "acc": float((ch > rj).float().sum()), "n": len(batch)}
-
-    def before_training(model, mine: list[int]):
-        todo = [items[i] for i in mine] + eval_items
-        say(f"dpo: scoring {len(todo)} pair(s) with the reference (the starting model)")
-        reference.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
-                               Progress(len(todo), 0, progress, "reference"), say)
-
-    task = loop.Task(
-        items=items, eval_items=eval_items, lengths=[len(x.chosen.input_ids) + len(x.rejected.input_ids) for x in items],
-        loss_sum=loss_sum, weight=lambda x: 1, tokens=lambda x: len(x.chosen.input_ids) + len(x.rejected.input_ids),
-        metric_names=("rewards_chosen", "rewards_rejected", "reward_accuracy"), norm_name="pairs",
-        derived=lambda row: row.update(reward_margin=round(row["rewards_chosen"] - row["rewards_rejected"], 6)),
-        eval_names=("loss", "margin", "acc", "n"), eval_sums=eval_sums,
-        eval_metrics=lambda s: {"eval_loss": round(s["loss"] / max(1, s["n"]), 6),
-                                "eval_reward_margin": round(s["margin"] / max(1, s["n"]), 6),
-                                "eval_reward_accuracy": round(s["acc"] / max(1, s["n"]), 4)},
-        before_training=before_training if needs_ref else None)
+    score_reference = reference.before_training(
+        items, eval_items, setup, cfg.batch_size, lambda m: reference_scores(m, pad_id, setup, head), progress, say,
+        "dpo: scoring {n} pair(s) with the reference (the starting model)")
+    task = pair_task(items, eval_items, scored, "reward_accuracy",
+                     before_training=score_reference if needs_ref else None)
     say(f"pairs: {len(items)} train, {len(eval_items)} eval; loss {pref.loss}, beta {cfg.beta}"
         + ("" if needs_ref else " (no reference model)"))
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
@@ -108,7 +86,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
 
 
 def reference_scores(model, pad_id: int, setup, head: Head | None):
-    """score(chunk) for session.reference_pass: each pair's (chosen, rejected) log-probabilities."""
+    """score(chunk) for reference.reference_pass: each pair's (chosen, rejected) log-probabilities."""
     def score(chunk: list[Item]) -> list[tuple[float, float]]:
         c, r = pair_logps(model, [(x.chosen, x.rejected) for x in chunk], pad_id, setup.device, head)
         return list(zip(c.float().tolist(), r.float().tolist()))

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.errors import DataError
-from roctune.progress import Progress
 from roctune.training import loop, reference, session
 from roctune.training.batching import collate
 from roctune.training.kto_loss import KTOSettings, kl_estimate, kto_losses
@@ -91,18 +90,14 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         return {"loss": float(loss.sum()), "rd": float((rewards * good).sum()), "ru": float((rewards * ~good).sum()),
                 "nd": float(good.sum()), "kl": float(kl) * len(batch), "n": len(batch)}
 
-    def before_training(model, mine: list[int]):
-        todo = [items[i] for i in mine] + eval_items
-        say(f"kto: scoring {len(todo)} example(s) and their mismatched pairs with the reference (the starting model)")
-        reference.reference_pass(model, todo, setup, cfg.batch_size, reference_scores(model, pad_id, setup, head),
-                               Progress(len(todo), 0, progress, "reference"), say)
-
     task = loop.Task(
         items=items, eval_items=eval_items, lengths=[len(x.ex.input_ids) + len(x.kl.input_ids) for x in items],
         loss_sum=loss_sum, weight=lambda x: 1, tokens=lambda x: len(x.ex.input_ids) + len(x.kl.input_ids),
         metric_names=("rewards_desirable", "rewards_undesirable", "desirable_share", "kl"), norm_name="examples",
         derived=per_mark, eval_names=("loss", "rd", "ru", "nd", "kl", "n"), eval_sums=eval_sums,
-        eval_metrics=eval_metrics, before_training=before_training)
+        eval_metrics=eval_metrics, before_training=reference.before_training(
+            items, eval_items, setup, cfg.batch_size, lambda m: reference_scores(m, pad_id, setup, head), progress,
+            say, "kto: scoring {n} example(s) and their mismatched pairs with the reference (the starting model)"))
     say(f"examples: {len(items)} train, {len(eval_items)} eval; kto, beta {s.beta}, desirable weight "
         f"{s.desirable_weight}, undesirable weight {s.undesirable_weight}")
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,
@@ -145,7 +140,7 @@ def eval_metrics(s: dict) -> dict:
 
 
 def reference_scores(model, pad_id: int, setup, head: Head | None):
-    """score(chunk) for session.reference_pass: each example's and its mismatched pair's log-probabilities."""
+    """score(chunk) for reference.reference_pass: each example's and its mismatched pair's log-probabilities."""
     def score(chunk: list[Item]) -> list[tuple[float, float]]:
         lp = logps(model, [x.ex for x in chunk] + [x.kl for x in chunk], pad_id, setup.device, head).float().tolist()
         return list(zip(lp[:len(chunk)], lp[len(chunk):]))

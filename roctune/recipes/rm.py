@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from roctune.training import loop, session
 from roctune.training.batching import collate
+from roctune.training.pair_task import pair_task
 
 
 @dataclass
@@ -33,18 +34,10 @@ class Item:
 def tokenize_items(tokenizer, pairs: list, max_length: int) -> tuple[list[Item], int]:
     """[Item] from preference pairs (roctune.data.preference.Pair); a pair whose answer --max-length cuts away
     entirely is dropped (its score would not see the answer)."""
-    from roctune.data.preference import tokenize_answer
-    from roctune.data.render import Tokenized
+    from roctune.data.preference import tokenize_pairs
 
-    out, dropped = [], 0
-    for p in pairs:
-        c = Tokenized(*tokenize_answer(tokenizer, p.prompt, p.chosen, max_length), p.source)
-        r = Tokenized(*tokenize_answer(tokenizer, p.prompt, p.rejected, max_length), p.source)
-        if c.n_supervised < 1 or r.n_supervised < 1:
-            dropped += 1
-            continue
-        out.append(Item(c, r, p.margin))
-    return out, dropped
+    out, dropped = tokenize_pairs(tokenizer, pairs, max_length, min_supervised=1)
+    return [Item(c, r, margin) for c, r, margin in out], dropped
 
 
 def scores(model, examples: list, pad_id: int, device: str):
@@ -85,26 +78,7 @@ def run(cfg, records: list, eval_records: list, base_model: str, say, progress: 
         margin = torch.tensor([x.margin for x in batch], device=ch.device) if any(x.margin for x in batch) else None
         return pair_losses(ch, rj, margin), ch, rj
 
-    def loss_sum(model, batch):
-        loss, ch, rj = scored(model, batch)
-        return loss.sum(), {"rewards_chosen": ch.detach().sum(), "rewards_rejected": rj.detach().sum(),
-                            "accuracy": (ch > rj).float().sum()}
-
-    def eval_sums(model, batch):
-        loss, ch, rj = scored(model, batch)
-        return {"loss": float(loss.sum()), "margin": float((ch - rj).sum()), "acc": float((ch > rj).float().sum()),
-                "n": len(batch)}
-
-    n = lambda s: max(1, s["n"])  # noqa: E731
-    task = loop.Task(
-        items=items, eval_items=eval_items, lengths=[len(x.chosen.input_ids) + len(x.rejected.input_ids) for x in items],
-        loss_sum=loss_sum, weight=lambda x: 1, tokens=lambda x: len(x.chosen.input_ids) + len(x.rejected.input_ids),
-        metric_names=("rewards_chosen", "rewards_rejected", "accuracy"), norm_name="pairs",
-        derived=lambda row: row.update(reward_margin=round(row["rewards_chosen"] - row["rewards_rejected"], 6)),
-        eval_names=("loss", "margin", "acc", "n"), eval_sums=eval_sums,
-        eval_metrics=lambda s: {"eval_loss": round(s["loss"] / n(s), 6),
-                                "eval_reward_margin": round(s["margin"] / n(s), 6),
-                                "eval_accuracy": round(s["acc"] / n(s), 4)})
+    task = pair_task(items, eval_items, scored, "accuracy")
     say(f"rm: {len(items)} training pair(s), {len(eval_items)} eval pair(s); Bradley-Terry loss on a scalar head"
         + (" with the data's margins" if any(x.margin for x in items) else ""))
     model, summary = loop.fit(cfg, setup, model, task, dist, say, progress,

@@ -5,6 +5,22 @@ from __future__ import annotations
 from roctune.training import loop
 
 
+def before_training(items: list, eval_items: list, setup, batch_size: int, scorer, progress: bool, say,
+                    line: str):
+    """Task.before_training of a recipe that compares with the reference: the starting model scores the items
+    this process trains on (their indices, `mine`) and every eval item, once, before the first step.
+    `scorer(model)` gives score(chunk) (reference_pass); `line` is logged first, with {n} the number scored."""
+    from roctune.progress import Progress
+
+    def score_all(model, mine: list[int]) -> None:
+        todo = [items[i] for i in mine] + eval_items
+        say(line.format(n=len(todo)))
+        reference_pass(model, todo, setup, batch_size, scorer(model), Progress(len(todo), 0, progress, "reference"),
+                       say)
+
+    return score_all
+
+
 def reference_pass(model, todo: list, setup, batch_size: int, score, bar, say) -> None:
     """The reference's scores, once before training (dpo, kto): `score(chunk)` gives each item of a chunk its
     `ref` from the model as it is now, run without gradients in eval mode and the run's autocast; `bar` counts."""
