@@ -3,7 +3,8 @@ for the GPU, a failing attention kernel, bitsandbytes without a GPU library, a m
 code, torch without a GPU, NCCL/RCCL errors) and say the cause and the fix of each.
 
 Each recogniser is a function of the log's lines (and its whole text, for details) that returns an
-`Explanation` or None; `explain` runs them all and orders what they found by line.
+`Explanation` or None; a failure that one pattern recognises is a row of KNOWN. `explain` runs them all and orders
+what they found by line.
 """
 from __future__ import annotations
 
@@ -96,52 +97,57 @@ def _kernel(lines: list[str], text: str) -> Explanation | None:
                 flash or _find(lines, r"Kernel not supported"))
 
 
-def _bitsandbytes(lines: list[str], text: str) -> Explanation | None:
-    return _hit("bitsandbytes", "bitsandbytes has no GPU library for this torch",
-                "bitsandbytes loads libbitsandbytes_<backend><version>.so matching torch's ROCm/CUDA version; "
-                "the installed package lacks it",
-                [f"{BNB_PIP} (ships ROCm 6.4+/7.x and CUDA builds)",
-                 "or use LoRA instead of QLoRA (no bitsandbytes needed)"],
-                _find(lines, r"libbitsandbytes_rocm\w*\.so|libbitsandbytes_cuda\w*\.so.*(not found|No such)|"
-                             r"compiled without GPU support|bitsandbytes.*(ROCm|HIP).*not (found|available|supported)"))
+@dataclass(frozen=True)
+class Known:
+    """A failure that one pattern recognises: the first line it matches is the evidence."""
+    id: str
+    title: str
+    cause: str
+    fix: tuple[str, ...]
+    pattern: str
+
+    def __call__(self, lines: list[str], text: str) -> Explanation | None:
+        return _hit(self.id, self.title, self.cause, list(self.fix), _find(lines, self.pattern))
 
 
-def _trust_remote_code(lines: list[str], text: str) -> Explanation | None:
-    return _hit("trust_remote_code", "the model needs its own code",
-                "the model repository ships Python code (a custom architecture) that transformers does not include",
-                ["if you trust the repository: roctune train --trust-remote-code ...",
-                 "or upgrade transformers (pip install -U transformers): many such models became native",
-                 "or pick a model transformers supports natively"],
-                _find(lines, r"trust_remote_code|contains custom code which must be executed"))
+KNOWN = (
+    Known("bitsandbytes", "bitsandbytes has no GPU library for this torch",
+          "bitsandbytes loads libbitsandbytes_<backend><version>.so matching torch's ROCm/CUDA version; "
+          "the installed package lacks it",
+          (f"{BNB_PIP} (ships ROCm 6.4+/7.x and CUDA builds)",
+           "or use LoRA instead of QLoRA (no bitsandbytes needed)"),
+          r"libbitsandbytes_rocm\w*\.so|libbitsandbytes_cuda\w*\.so.*(not found|No such)|"
+          r"compiled without GPU support|bitsandbytes.*(ROCm|HIP).*not (found|available|supported)"),
+    Known("trust_remote_code", "the model needs its own code",
+          "the model repository ships Python code (a custom architecture) that transformers does not include",
+          ("if you trust the repository: roctune train --trust-remote-code ...",
+           "or upgrade transformers (pip install -U transformers): many such models became native",
+           "or pick a model transformers supports natively"),
+          r"trust_remote_code|contains custom code which must be executed"),
+    Known("no_gpu", "torch sees no GPU",
+          "a CPU-only torch, a driver that is not loaded, missing /dev/kfd or /dev/dri permissions, or "
+          "*_VISIBLE_DEVICES hiding the GPUs",
+          ("run `roctune doctor`: it names which one and the exact fix",
+           "AMD: sudo usermod -aG render,video $USER, then log out and in",
+           "containers: docker run " + CONTAINER_FLAGS + " (NVIDIA: --gpus all)"),
+          r"torch\.cuda\.is_available\(\)\W*(is |was |returned |returns |==\s*)?False|"
+          r"No (CUDA|HIP) GPUs are available|no ROCm-capable device|hipErrorNoDevice|"
+          r"Found no NVIDIA driver|CUDA driver initialization failed|"
+          r"this torch is a CPU-only build"),
+    Known("collective", "multi-GPU communication (NCCL/RCCL) failed",
+          "the GPUs could not exchange data: peer access blocked (IOMMU/ACS), too little shared memory in a "
+          "container, mismatched versions on the ranks, or one rank crashed first",
+          ("see the cause: NCCL_DEBUG=INFO (RCCL reads the same variable)",
+           "test without peer-to-peer: NCCL_P2P_DISABLE=1",
+           "containers: docker run --ipc=host --shm-size 16g ...",
+           "bare metal AMD: kernel parameter iommu=pt; `roctune doctor` shows peer access",
+           "rule out the rest: train on one GPU (HIP_VISIBLE_DEVICES=0 / CUDA_VISIBLE_DEVICES=0)"),
+          r"\b(NCCL|RCCL)\b.*(error|WARN|fail|timeout)|nccl\w*Error|"
+          r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*(error|timeout)"),
+)
 
 
-def _no_gpu(lines: list[str], text: str) -> Explanation | None:
-    return _hit("no_gpu", "torch sees no GPU",
-                "a CPU-only torch, a driver that is not loaded, missing /dev/kfd or /dev/dri permissions, or "
-                "*_VISIBLE_DEVICES hiding the GPUs",
-                ["run `roctune doctor`: it names which one and the exact fix",
-                 "AMD: sudo usermod -aG render,video $USER, then log out and in",
-                 "containers: docker run " + CONTAINER_FLAGS + " (NVIDIA: --gpus all)"],
-                _find(lines, r"torch\.cuda\.is_available\(\)\W*(is |was |returned |returns |==\s*)?False|"
-                             r"No (CUDA|HIP) GPUs are available|no ROCm-capable device|hipErrorNoDevice|"
-                             r"Found no NVIDIA driver|CUDA driver initialization failed|"
-                             r"this torch is a CPU-only build"))
-
-
-def _collective(lines: list[str], text: str) -> Explanation | None:
-    return _hit("collective", "multi-GPU communication (NCCL/RCCL) failed",
-                "the GPUs could not exchange data: peer access blocked (IOMMU/ACS), too little shared memory in a "
-                "container, mismatched versions on the ranks, or one rank crashed first",
-                ["see the cause: NCCL_DEBUG=INFO (RCCL reads the same variable)",
-                 "test without peer-to-peer: NCCL_P2P_DISABLE=1",
-                 "containers: docker run --ipc=host --shm-size 16g ...",
-                 "bare metal AMD: kernel parameter iommu=pt; `roctune doctor` shows peer access",
-                 "rule out the rest: train on one GPU (HIP_VISIBLE_DEVICES=0 / CUDA_VISIBLE_DEVICES=0)"],
-                _find(lines, r"\b(NCCL|RCCL)\b.*(error|WARN|fail|timeout)|nccl\w*Error|"
-                             r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*(error|timeout)", re.I))
-
-
-RECOGNISERS = (_oom, _no_binary, _kernel, _bitsandbytes, _trust_remote_code, _no_gpu, _collective)
+RECOGNISERS = (_oom, _no_binary, _kernel, *KNOWN)
 
 
 def explain(text: str) -> list[Explanation]:
