@@ -14,7 +14,8 @@ from roctune.webui.i18n import language, t
 INTRO = ("Models to start from: the families roctune supports, the tutorials' Qwen2.5 first. A download goes to "
          "`$ROCTUNE_HOME/models` and can be resumed; where huggingface.co cannot be reached, start the server with "
          "`HF_ENDPOINT=https://hf-mirror.com` (a mirror) or `ROCTUNE_HUB=modelscope` (ModelScope).")
-# This panel's Chinese, kept beside it (folded into the page's catalog when the module is imported).
+# This panel's Chinese, kept beside it (folded into the page's catalog when the module is imported); words the
+# page's catalog already has (model, yes, no) are not repeated here.
 ZH = {
     "Models": "模型",
     INTRO:
@@ -23,8 +24,7 @@ ZH = {
         "（魔搭 ModelScope）启动服务。",
     "model to download": "要下载的模型",
     "Download": "下载",
-    "model": "模型", "size": "大小", "licence": "许可证", "downloaded": "已下载", "folder": "目录",
-    "yes": "是", "no": "否", "gated": "需申请授权",
+    "size": "大小", "licence": "许可证", "downloaded": "已下载", "folder": "目录", "gated": "需申请授权",
     "{id}: downloading... {done} of {total}": "{id}：正在下载…… {done} / {total}",
     "{id}: downloaded to {folder}; it is now the Train panel's model": "{id}：已下载到 {folder}；训练面板已选用它",
     "another download is running ({id}); wait for it to finish": "另一个下载正在进行（{id}）；请等它完成",

@@ -331,7 +331,7 @@ ZH: dict[str, str] = {
     # eval report (rendered from the eval result)
     "{n} records from {data}; greedy answers of at most {tokens} tokens; scores 0-100":
         "{data} 中的 {n} 条记录；贪心回答，最多 {tokens} 个 token；分数为 0-100",
-    "{metric} ({better})": "{metric}（{better}）", "lower is better": "越低越好", "higher is better": "越高越好", "loss": "损失", "perplexity": "困惑度",
+    "{metric} ({better})": "{metric}（{better}）", "lower is better": "越低越好", "higher is better": "越高越好", "perplexity": "困惑度",
     "exact match %": "完全匹配 %", "metric": "指标", "change": "变化", "#": "#", "reference": "参考答案",
     "base answer": "基础模型的回答", "tuned answer": "微调后的回答", "Examples, most improved first": "样例（提升最多的在前）",
     "evaluated {n} record(s); report written to {path}": "已评估 {n} 条记录；报告已写到 {path}",
