@@ -25,22 +25,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.config.sections import from_config, mirror
+
 
 @dataclass(frozen=True)
 class LossSettings:
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    level: str = "token"
-    max_completion_length: int = 256
+    """The loss's parameters: the grpo settings (--loss-type, --kl-beta, --epsilon, --epsilon-high,
+    --importance-sampling-level, --max-completion-length), their defaults; epsilon_high None means epsilon_low."""
+    loss_type: str = mirror("loss_type")
+    beta: float = mirror("kl_beta")
+    epsilon_low: float = mirror("epsilon")
+    epsilon_high: float | None = mirror("epsilon_high")
+    level: str = mirror("importance_sampling_level")
+    max_completion_length: int = mirror("max_completion_length")
     kl_correction: bool = True
 
-    @classmethod
-    def from_config(cls, cfg) -> "LossSettings":
-        high = cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon
-        return cls(cfg.loss_type, cfg.kl_beta, cfg.epsilon, high, cfg.importance_sampling_level,
-                   cfg.max_completion_length)
+    from_config = classmethod(from_config)
+
+    def __post_init__(self):
+        if self.epsilon_high is None:  # frozen: set once, here
+            object.__setattr__(self, "epsilon_high", self.epsilon_low)
 
     def item_weight(self, n_tokens: int) -> float:
         """A completion's share of the step's normaliser: its tokens for dapo, 1 otherwise."""

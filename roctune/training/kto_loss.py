@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.config.sections import from_config, mirror
+
 
 @dataclass(frozen=True)
 class KTOSettings:
-    beta: float = 0.1
-    desirable_weight: float = 1.0
-    undesirable_weight: float = 1.0
+    """The loss's parameters: the settings of the same names, their defaults."""
+    beta: float = mirror("beta")
+    desirable_weight: float = mirror("desirable_weight")
+    undesirable_weight: float = mirror("undesirable_weight")
 
-    @classmethod
-    def from_config(cls, cfg) -> "KTOSettings":
-        return cls(cfg.beta, cfg.desirable_weight, cfg.undesirable_weight)
+    from_config = classmethod(from_config)
 
 
 def kl_estimate(kl_logps, ref_kl_logps):

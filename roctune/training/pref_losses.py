@@ -22,17 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.config.sections import from_config, mirror
+
 
 @dataclass(frozen=True)
 class PrefSettings:
-    loss: str = "sigmoid"
-    beta: float = 0.1
-    label_smoothing: float = 0.0
-    simpo_gamma: float = 0.5
+    """The loss's parameters: the settings of the same names (--pref-loss as `loss`), their defaults."""
+    loss: str = mirror("pref_loss")
+    beta: float = mirror("beta")
+    label_smoothing: float = mirror("label_smoothing")
+    simpo_gamma: float = mirror("simpo_gamma")
 
-    @classmethod
-    def from_config(cls, cfg) -> "PrefSettings":
-        return cls(cfg.pref_loss, cfg.beta, cfg.label_smoothing, cfg.simpo_gamma)
+    from_config = classmethod(from_config)
 
 
 @dataclass
