@@ -12,7 +12,8 @@ class DataSettings:
     data: list[str] = setting([], "training data files (repeatable; DIR:name reads LLaMA-Factory's dataset_info.json; "
                               "PATH:W mixes the files by weights W in a seeded order)",
                               repeat=True, metavar="PATH", group="data",
-                resume_fixed=True, zh=("训练数据", "训练数据文件（可多个；DIR:name 读取 LLaMA-Factory 的 dataset_info.json；PATH:W 按权重 W 以固定种子的顺序混合）"))
+                resume_fixed=True,
+                zh=("训练数据", "训练数据文件（可多个；DIR:name 读取 LLaMA-Factory 的 dataset_info.json；PATH:W 按权重 W 以固定种子的顺序混合）"))
     output: str = setting("", "run directory for the adapter, logs and checkpoints", metavar="DIR", group="data",
                 zh=("输出目录", "保存适配器、日志和检查点的运行目录"))
     eval_data: list[str] = setting([], "evaluation data files (repeatable)", repeat=True, metavar="PATH", group="data",
@@ -21,7 +22,8 @@ class DataSettings:
                                 group="data",
                 zh=("评估比例", "从训练数据中留出这一比例用于评估"))
     max_length: int = setting(512, "tokens per example; longer ones are truncated", gt=0, group="data",
-                resume_fixed=True, zh=("最大长度", "每个样本的 token 数；更长的会被截断"))
+                resume_fixed=True,
+                zh=("最大长度", "每个样本的 token 数；更长的会被截断"))
     learn_reasoning: bool = setting(True, "learn the reasoning of answers (<think> blocks, reasoning_content); "
                                     "off: it stays in the context but is not learned", group="data",
                 zh=("学习推理过程", "学习回答中的推理（<think> 块、reasoning_content）；关闭时它只作为上下文，不参与学习"))

@@ -19,7 +19,8 @@ class GrpoSettings:
     # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
     num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
                                    ge=2, le=1024, group="rl",
-                resume_fixed=True, zh=("每个提示的生成数", "grpo：每个提示采样的回答数（优势在这一组内比较）"))
+                resume_fixed=True,
+                zh=("每个提示的生成数", "grpo：每个提示采样的回答数（优势在这一组内比较）"))
     max_completion_length: int = setting(256, "grpo: tokens per completion at most (TRL: 512; 256 keeps CPU "
                                          "rollouts short)", gt=0, le=1_000_000, group="rl",
                 zh=("最大生成长度", "grpo：每个回答最多的 token 数（TRL：512；256 让 CPU 上的采样更快）"))

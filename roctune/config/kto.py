@@ -13,9 +13,11 @@ class KtoSettings:
     desirable_weight: float = setting(1.0, "kto: weight of the desirable examples' loss (the KTO paper advises "
                                       "desirable-weight x desirable / (undesirable-weight x undesirable) in "
                                       "[1, 4/3])", gt=0, group="model",
-                key_aliases=("kto_chosen_weight",), resume_fixed=True, zh=("好样本权重", "kto：好样本损失的权重（KTO 论文建议 好样本权重 × 好样本数 / (坏样本权重 × 坏样本数) 在 [1, 4/3] 之间）"))
+                key_aliases=("kto_chosen_weight",), resume_fixed=True,
+                zh=("好样本权重", "kto：好样本损失的权重（KTO 论文建议 好样本权重 × 好样本数 / (坏样本权重 × 坏样本数) 在 [1, 4/3] 之间）"))
     undesirable_weight: float = setting(1.0, "kto: weight of the undesirable examples' loss", gt=0, group="model",
-                key_aliases=("kto_rejected_weight",), resume_fixed=True, zh=("坏样本权重", "kto：坏样本损失的权重"))
+                key_aliases=("kto_rejected_weight",), resume_fixed=True,
+                zh=("坏样本权重", "kto：坏样本损失的权重"))
 
     def check(self) -> None:
         """--desirable-weight and --undesirable-weight are --stage kto's."""

@@ -23,11 +23,13 @@ class LongSettings:
                               "(keeps the latest turns), split makes it several examples of --max-length tokens "
                               "(documents, long answers; the prompt is not repeated) (sft)", choices=TRUNCATIONS,
                               group="data",
-                resume_fixed=True, zh=("截断方式", "超过最大长度的样本：right 截掉结尾，left 截掉开头（保留最近几轮），split 切成多个最大长度的样本（文档、长回答；不重复提示词）（sft）"))
+                resume_fixed=True,
+                zh=("截断方式", "超过最大长度的样本：right 截掉结尾，left 截掉开头（保留最近几轮），split 切成多个最大长度的样本（文档、长回答；不重复提示词）（sft）"))
     rope_scaling: str = setting("", "stretch the rotary positions past the model's native context, TYPE:FACTOR "
                                 f"with TYPE one of {', '.join(ROPE_TYPES)} (e.g. yarn:4); kept in run.yaml and the "
                                 "merged/exported model", metavar="TYPE:FACTOR", group="data",
-                resume_fixed=True, zh=("RoPE 缩放", "把旋转位置编码拉伸到模型原生上下文之外，TYPE:FACTOR，TYPE 为 linear、dynamic、yarn、llama3（例如 yarn:4）；记录在 run.yaml 和合并/导出的模型中"))
+                resume_fixed=True,
+                zh=("RoPE 缩放", "把旋转位置编码拉伸到模型原生上下文之外，TYPE:FACTOR，TYPE 为 linear、dynamic、yarn、llama3（例如 yarn:4）；记录在 run.yaml 和合并/导出的模型中"))
 
     def check(self) -> None:
         """--sequence-parallel and --rope-scaling against the other settings (the model's heads and context are

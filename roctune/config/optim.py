@@ -25,11 +25,14 @@ class OptimSettings:
     max_grad_norm: float = setting(1.0, "gradient clipping norm (0 turns it off)", ge=0,
                 zh=("梯度裁剪", "梯度裁剪的范数（0 表示关闭）"))
     batch_size: int = setting(2, "examples per micro-batch", gt=0,
-                resume_fixed=True, zh=("批大小", "每个微批次的样本数"))
+                resume_fixed=True,
+                zh=("批大小", "每个微批次的样本数"))
     grad_accum: int = setting(4, "micro-batches per optimizer step", gt=0,
-                resume_fixed=True, zh=("梯度累积", "每个优化器步骤累积的微批次数"))
+                resume_fixed=True,
+                zh=("梯度累积", "每个优化器步骤累积的微批次数"))
     seed: int = setting(42, "random seed (data order, LoRA init, dropout)", ge=0, lt=2**63,
-                resume_fixed=True, zh=("随机种子", "随机种子（数据顺序、LoRA 初始化、dropout）"))
+                resume_fixed=True,
+                zh=("随机种子", "随机种子（数据顺序、LoRA 初始化、dropout）"))
     group_by_length: bool = setting(True, "batch examples of similar length together (less padding)",
                 zh=("按长度分组", "把长度相近的样本放在同一批（更少填充）"))
     packing: str = setting("auto", "padding-free micro-batches", choices=("auto", "on", "off"),

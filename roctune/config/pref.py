@@ -17,21 +17,25 @@ SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses --label-smoothing change
 class PrefSettings:
     # ---- dpo: how far the policy may move, and the loss (roctune.training.pref_losses)
     beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0, group="model",
-                key_aliases=("pref_beta",), zh=("β 系数", "dpo、kto：策略可以偏离参考模型多远"))
+                key_aliases=("pref_beta",),
+                zh=("β 系数", "dpo、kto：策略可以偏离参考模型多远"))
     # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
     pref_loss: str = setting("sigmoid", "dpo: preference loss: sigmoid (DPO), ipo, hinge, robust (label-flip "
                              "noise), or without a reference model (no reference pass): orpo (odds ratio + SFT "
                              "loss of the chosen answer), simpo (length-normalised margin; try --beta 2)",
                              choices=PREF_LOSSES, group="model",
-                resume_fixed=True, zh=("偏好损失", "dpo：偏好损失：sigmoid（DPO）、ipo、hinge、robust（标签翻转噪声），或不需要参考模型（省去参考打分）："
+                resume_fixed=True,
+                zh=("偏好损失", "dpo：偏好损失：sigmoid（DPO）、ipo、hinge、robust（标签翻转噪声），或不需要参考模型（省去参考打分）："
                     "orpo（几率比 + 选中回答的 SFT 损失）、simpo（按长度归一化的差距；可试把“β 系数”设为 2）"))
     label_smoothing: float = setting(0.0, "dpo: probability in [0, 0.5) that a preference label is flipped "
                                      "(--pref-loss robust, simpo, and sigmoid as conservative DPO)", ge=0, lt=0.5,
                                      group="model",
-                key_aliases=("dpo_label_smoothing",), resume_fixed=True, zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（“偏好损失”robust、simpo，以及 sigmoid 即保守 DPO）"))
+                key_aliases=("dpo_label_smoothing",), resume_fixed=True,
+                zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（“偏好损失”robust、simpo，以及 sigmoid 即保守 DPO）"))
     simpo_gamma: float = setting(0.5, "dpo: --pref-loss simpo's target reward margin (TRL's simpo_gamma)", ge=0,
                                  group="model",
-                resume_fixed=True, zh=("SimPO gamma", "dpo：“偏好损失”simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
+                resume_fixed=True,
+                zh=("SimPO gamma", "dpo：“偏好损失”simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
 
     def check(self) -> None:
         """--pref-loss and its settings are --stage dpo's; --label-smoothing changes only some of the losses."""
