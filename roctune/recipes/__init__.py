@@ -1,9 +1,7 @@
-"""Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training).
-`sft` learns the answers of conversations; `pt` learns raw text (continued pretraining); `dpo` prefers chosen
-over rejected answers; `kto` learns from single answers marked desirable or undesirable; `rm` learns a reward
-model (one score per answer) from preference pairs; `grpo` learns from rewards on its own completions. `train(cfg)`
+"""Recipes: what to learn, as short files that read top to bottom, on the shared engine (roctune.training), one
+per stage (roctune.stages: its row names the recipe, the data it reads and what it learns from). `train(cfg)`
 runs the recipe cfg.stage names (its row in roctune.stages); `prepare(cfg)` checks every input before anything loads
-or is written."""
+or is written, with the recipe's own `check_inputs(cfg, records)` where it has one."""
 from __future__ import annotations
 
 import logging
@@ -29,15 +27,9 @@ def prepare(cfg, check_output: bool = True):
         read = STAGES[cfg.stage].load_reader()  # conversations, pairs, prompts or documents (roctune.stages)
     records = read(cfg.data)
     eval_records = read(cfg.eval_data) if cfg.eval_data else []
-    if cfg.stage == "grpo":  # the reward functions (and a --reward-file's import) before the model loads
-        from roctune.eval.rewards import build, check_columns
-
-        build(cfg, cfg.reward_file)
-        check_columns(cfg, records + eval_records)
-        if cfg.rollout_engine == "vllm":  # vLLM's python is found before the model loads
-            from roctune.recipes.grpo_vllm import find_python
-
-            find_python()
+    check_inputs = getattr(STAGES[cfg.stage].load_recipe(), "check_inputs", None)
+    if check_inputs:  # the stage's own checks before the model loads (grpo: its rewards), in its recipe file
+        check_inputs(cfg, records + eval_records)
     base_model = resolve_model(methods.start_model_name(cfg))
     methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
     if cfg.rope_scaling:  # a model whose rope is already scaled is refused here, from its config

@@ -61,6 +61,19 @@ def tokenize_prompts(tokenizer, records: list, max_length: int) -> tuple[list[Pr
     return out, dropped
 
 
+def check_inputs(cfg, records: list) -> None:
+    """Before the model loads (recipes.prepare): the reward functions (and a --reward-file's import), the data
+    columns they read, and vLLM's python for --rollout-engine vllm."""
+    from roctune.eval.rewards import build, check_columns
+
+    build(cfg, cfg.reward_file)
+    check_columns(cfg, records)
+    if cfg.rollout_engine == "vllm":
+        from roctune.recipes.grpo_vllm import find_python
+
+        find_python()
+
+
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
     from roctune.eval import rewards as rw
 
