@@ -71,14 +71,19 @@ def test_compiled_layers_equal_eager_and_do_not_recompile_per_length(family, fam
     assert r["short"]["new_graphs"] == 0, r
 
 
-def test_one_compile_serves_every_layer_of_a_deep_model():
+@pytest.mark.parametrize("shortcuts", ["none", "slim", "long"])
+def test_one_compile_serves_every_layer_of_a_deep_model(shortcuts):
     """12 layers (over dynamo's recompile limit of 8, which plain per-layer `layer.compile()` hits): at most two
-    graphs (layer 0's input does not require grad, the others' do), and the second length adds none. Compiled
-    with aot_eager: the graph capture and its guards are what is tested here, not inductor's kernels."""
+    graphs (layer 0's input does not require grad, the others' do), and the second length adds none, with
+    roctune's shortcuts on the model as training puts them (`slim`: LoRA dropout in lora_A and the recomputed MLP
+    activation; `long`: checkpointed layers and tiled MLPs). A shortcut set as a forward on each instance made one
+    graph per layer and ran the layers past the 8th eager. Compiled with aot_eager: the graph capture and its
+    guards are what is tested here, not inductor's kernels."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from roctune.training import compiled
+    from roctune.families import family_of
+    from roctune.training import activations, compiled
 
     from torch._dynamo.utils import counters
 
@@ -87,8 +92,16 @@ def test_one_compile_serves_every_layer_of_a_deep_model():
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=12,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]))
     model.train()
+    if shortcuts == "slim":
+        assert "12 MLPs recompute" in activations.slim(model, ("lora_dropout", "gated_mlp"), family_of("llama"))
+    elif shortcuts == "long":
+        assert "12 MLPs run in sequence tiles" in activations.long_sequence_layers(model, False, family_of("llama"))
+    if shortcuts == "long":  # torch's checkpoint disables dynamo inside: apply leaves such layers eager, and says so
+        assert "compile: off (checkpointed layers" in compiled.apply(model, "on", "cpu", 100)
+        assert all("forward" not in layer.__dict__ for layer in compiled.decoder_layers(model))
+        return
     assert compiled.compile_layers(model, backend="aot_eager") == 12
     counts = []
     for length in (9, 23):

@@ -189,6 +189,19 @@ def _act_times(act, gate, up):
     return act(gate) * up  # float multiplication commutes exactly: Phi-3's up * act(gate) gives the same bits
 
 
+@functools.lru_cache(maxsize=None)
+def with_forward(cls, forward):
+    """`cls` with `forward` as its forward: a subclass of the same name, one per (class, forward), which a shortcut
+    puts on every module it changes (`module.__class__ = ...`).
+
+    Why a class and not `module.forward = functools.partial(forward, module)` on each instance: torch.compile guards
+    on a forward set on the instance by its identity, so each layer's MLP was a new guard and the regional compile
+    (roctune.training.compiled) recompiled for every layer, and after dynamo's limit of 8 the remaining layers ran
+    eager (the compiled step was 0.88x eager on the bundled model). A class is one guard for every layer."""
+    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
+
+
 def checkpoint_gated_mlp(model, classes: tuple[str, ...], fused: bool = False) -> int:
     """Recompute act(gate(x)) in backward for the MLPs of the transformers classes named in `classes` (a family's
     proven MLPs: roctune.families), `fused` when gate and up come from one gate_up_proj. Returns how many changed."""
@@ -198,7 +211,7 @@ def checkpoint_gated_mlp(model, classes: tuple[str, ...], fused: bool = False) -
     for module in model.modules():
         if (type(module).__name__ in classes and type(module).__module__.startswith("transformers.models.")
                 and all(hasattr(module, a) for a in parts)):
-            module.forward = functools.partial(forward, module)
+            module.__class__ = with_forward(type(module), forward)
             changed += 1
     return changed
 
@@ -305,9 +318,25 @@ def _tiled_mlp_class():
     return _make_tiled_mlp()
 
 
-def _tiled_forward(mlp, plain_forward, rows, x):
+@functools.lru_cache(maxsize=None)
+def _tiled_class(cls):
+    """`cls` whose forward runs in tiles (`_tiled_forward` around cls's own forward: transformers' or a shortcut's)."""
+    inner = cls.forward
+
+    def forward(mlp, x):
+        return _tiled_forward(mlp, functools.partial(inner, mlp), x)
+
+    tiled = with_forward(cls, forward)
+    tiled.roctune_tiled = True
+    return tiled
+
+
+def _tiled_forward(mlp, plain_forward, x):
+    """`plain_forward(x)` in tiles of `mlp.roctune_tile_rows` positions while training; as it is otherwise and for
+    sequences of one tile."""
     import torch
 
+    rows = mlp.roctune_tile_rows
     # a graph-free forward that backward will recompute tiles alike (its dropout masks are drawn per tile)
     if not (mlp.training and (torch.is_grad_enabled() or _RecomputedLater.depth)) or x.numel() // x.shape[-1] <= rows:
         return plain_forward(x)
@@ -323,7 +352,9 @@ def tile_mlps(model, classes: tuple[str, ...], intermediate: int) -> int:
     changed = 0
     for module in model.modules():
         if type(module).__name__ in classes and type(module).__module__.startswith("transformers.models."):
-            module.forward = functools.partial(_tiled_forward, module, module.forward, rows)
+            if not getattr(type(module), "roctune_tiled", False):
+                module.__class__ = _tiled_class(type(module))
+            module.roctune_tile_rows = rows
             changed += 1
     return changed
 

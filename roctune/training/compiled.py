@@ -15,9 +15,11 @@ once per kind.
 Dynamic lengths. `dynamic=True` compiles with symbolic sizes from the first call, so a new batch length does not
 recompile (tests/test_compile.py counts dynamo's compiles across two lengths).
 
-What it wraps: the layer's `forward` as a whole, set on the instance. Everything around a layer keeps working:
-transformers' gradient checkpointing (GradientCheckpointingLayer.__call__ checkpoints the call that reaches this
-forward), roctune's MLP shortcuts and long-sequence tiles (they replace submodule forwards, traced inside).
+What it wraps: the layer's `forward` as a whole, set on the instance. What runs inside it is traced: peft's LoRA and
+roctune's MLP shortcuts (set as classes, not as forwards on each instance, so every layer passes the same guards:
+roctune.training.activations.with_forward). Checkpointed layers (long sequences, --grad-checkpointing) are left
+eager: torch.utils.checkpoint disables dynamo inside its call, so a compiled forward there would silently run eager
+(`apply` says so instead).
 
 When (`--compile auto`): on a GPU, where the step is launch-bound (docs/gpu-check-h200.md: ~4,200 kernel launches per
 micro-batch, the GPU busy 25 of 268 ms) and fused kernels pay, once the run is long enough to earn the compile's
@@ -109,6 +111,11 @@ def apply(model, setting: str, device: str, total_steps: int, method: str = "sft
     choice = choose_compile(setting, device, total_steps, method, sequence_parallel)
     if not choice.value:
         return f"compile: off ({choice.reason})"
+    if any(getattr(layer, "gradient_checkpointing", False) for layer in decoder_layers(model)):
+        # torch.utils.checkpoint runs the layer with dynamo disabled (torch._disable_dynamo): compiled layers
+        # inside it would run eager (tests/test_compile.py counts no graph), so say so instead of pretending
+        return (f"compile: off (checkpointed layers: torch's checkpoint runs them with torch.compile disabled; "
+                f"{choice.reason})")
     n = compile_layers(model)
     if not n:
         return f"compile: off (no decoder layers found in {type(model).__name__}; {choice.reason})"
