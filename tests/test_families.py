@@ -175,12 +175,13 @@ def _expected_shortcuts(family, model) -> set:
 
 def _applied(model) -> set:
     """The shortcuts visibly in place in `model` (not just planned)."""
-    import functools
+    from roctune.training import activations
 
     got = set()
     if any(type(m).__name__ == "DroppedInputLinear" for m in model.modules()):
         got.add("lora_dropout")
-    if any(isinstance(m.__dict__.get("forward"), functools.partial) for m in model.modules()):
+    gated = (activations._gated_mlp_forward, activations._fused_gated_mlp_forward)
+    if any(type(m).__dict__.get("forward") in gated for m in model.modules()):  # set as a class (with_forward)
         got.add("gated_mlp")
     return got
 
