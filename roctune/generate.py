@@ -28,8 +28,7 @@ def load_for_inference(adapter: str | None = None, model: str | None = None, dev
     from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
     base_name = model
-    if adapter and os.path.isdir(adapter) and rundir.is_run_dir(adapter) \
-            and (rundir.read_run(adapter).get("config") or {}).get("stage") == "rm":
+    if adapter and rundir.stage(adapter) == "rm":
         raise RoctuneError(f"--adapter {adapter}: a reward model (--stage rm) scores answers and does not write "
                            "them; use it with roctune eval --adapter RUN --data pairs.jsonl, or as --reward-model RUN")
     template = (rundir.template_name(adapter) if adapter else None) or template

@@ -44,11 +44,21 @@ def check_output(adapter: str, output: str, overwrite: bool, marker: str = MARKE
                               f"replaces a previous {writer}: choose an empty or new directory")
 
 
+def refuse_reward_model(adapter: str, command: str) -> None:
+    """A --stage rm run has a scalar score head, not the language-model head that merge and export write (a merged
+    folder or GGUF would load as a text generator without its head): refused with one line before anything loads."""
+    if rundir.stage(adapter) == "rm":
+        raise ConfigError(f"--adapter {adapter}: a reward model (--stage rm) scores answers with its own head; "
+                          f"roctune {command} writes models that generate text. Use the run itself: roctune eval "
+                          f"--adapter {adapter} --data pairs.jsonl, or --reward-model {adapter} in --stage grpo")
+
+
 def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = False, log=print) -> dict:
     import torch
 
     from roctune.generate import load_for_inference
 
+    refuse_reward_model(adapter, "merge")
     check_output(adapter, output, overwrite)
     method = rundir.method(adapter) if os.path.isdir(adapter) else "lora"
     if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):

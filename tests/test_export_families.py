@@ -166,3 +166,52 @@ def test_llama3_rope_factors_give_transformers_frequencies():
     want = ROPE_INIT_FUNCTIONS["llama3"](config)[0].numpy()
     assert name == "rope_freqs.weight" and np.allclose(base / factors, want, rtol=1e-5)
     assert (factors > 1).any() and (factors == 1).any()  # both ends of the scaling are exercised
+
+
+def test_lora_gguf_carries_the_trained_marker_rows_of_untied_embeddings(sharp_dir, tmp_path):
+    """LoRA with roctune's template on an untied model (Qwen2.5's shape) also trains the markers' embedding and
+    output rows: the LoRA GGUF holds them as exact rank-k pairs (llama.cpp's token_embd layout), and llama.cpp
+    applying it to the base's f16 GGUF gives the merged model's logits, also where the base's rows would give others
+    (at and after the markers). A tied model's rows are refused (test_templates)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from conftest import run_train, write_jsonl
+    from roctune.config import TrainConfig
+    from roctune.export import export, llamacpp
+    from roctune.merge import merge
+    from roctune.models import load_tokenizer
+
+    base = sharp_dir("qwen2")
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"messages": [
+        {"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Roc."}]}] * 4)
+    run = str(tmp_path / "run")
+    cfg = TrainConfig(data=[data], output=run, model=base, template="chatml", max_steps=3, batch_size=4, lr=0.05,
+                      grad_accum=1, max_length=64, lora_r=4, lora_alpha=8, device="cpu", seed=1)
+    cfg.validate()
+    _, lines = run_train(cfg)
+    assert any("embedding and output rows of <|im_start|>, <|im_end|>" in line for line in lines), lines
+    report = export(run, str(tmp_path / "lora"), fmt="lora-gguf", name="roc", log=lambda s: None)
+    assert report["token_rows"] == 2 and report["check"]["checked_by"] == "llama.cpp", report
+    base_gguf = export(base, str(tmp_path / "base"), quant="f16", name="base", verify=False, log=lambda s: None)
+    merge(run, str(tmp_path / "merged"), log=lambda *_: None)
+    tok = load_tokenizer(base)
+    ids = tok("<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = merged(torch.tensor([ids])).logits[0].numpy()
+        marks = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+        original = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        for layer in (merged.get_input_embeddings(), merged.get_output_embeddings()):
+            layer.weight[marks] = (original.get_input_embeddings() if layer is merged.get_input_embeddings()
+                                   else original.get_output_embeddings()).weight[marks]
+        without_rows = merged(torch.tensor([ids])).logits[0].numpy()
+    model = llamacpp.Model(str(tmp_path / "base" / base_gguf["gguf"]), lora=str(tmp_path / "lora" / "roc-lora.gguf"))
+    try:
+        got = model.logits_all(ids)
+    finally:
+        model.close()
+    spread = ref.std()
+    assert np.abs(got - ref).max() / spread < 0.05
+    assert np.abs(without_rows - ref).max() / spread > 0.5  # the rows matter: without them llama.cpp could not match

@@ -61,3 +61,42 @@ def test_lora_gguf_goes_back_onto_the_original_file(tmp_path, gguf_file, monkeyp
     merged = export(run, str(tmp_path / "gguf"), quant="q8_0", name="roc", log=lines.append)
     assert merged["check"]["mean_kl"] <= merged["check"]["kl_limit"]
     assert any(f"came from {gguf_file}" in line and "--format lora-gguf" in line for line in lines), lines
+
+
+def test_kquant_of_a_gguf_base_keeps_the_changed_matrices_at_q8_0(tmp_path, gguf_file, monkeypatch):
+    """A K-quant of a fine-tune of a GGUF base: the matrices the LoRA changed stay at q8_0 (their fresh 4-5 bit
+    rounding would be as large as the fine-tune's change: roctune/export/requant.py), every other tensor and every
+    metadata key is what llama.cpp's quantizer wrote, and llama.cpp loads and passes the file."""
+    import gguf
+
+    from test_export_families import _lora_run
+
+    from roctune.export import export
+    from roctune.export.gguf_file import kquantize, write_gguf
+    from roctune.merge import merge
+    from roctune.models import load_tokenizer
+
+    monkeypatch.setenv("ROCTUNE_HOME", str(tmp_path / "home"))
+    run = _lora_run(gguf_file, tmp_path / "run", tmp_path)
+    lines = []
+    report = export(run, str(tmp_path / "q4"), quant="q4_k_m", name="roc", log=lines.append)
+    kept = report["tensor_plan"]["q8_0_tensors"]
+    assert kept and all(n.startswith("blk.") for n in kept) and "blk.0.attn_q.weight" in kept, kept
+    assert any(f"the {len(kept)} matrices the adapter changed stay at q8_0" in line for line in lines), lines
+    assert report["check"]["checked_by"] == "llama.cpp" and report["check"]["mean_kl"] <= report["check"]["kl_limit"]
+    got = gguf.GGUFReader(str(tmp_path / "q4" / report["gguf"]))
+    # the same file from llama.cpp's quantizer alone: identical but for the kept matrices
+    merged, f16, plain = str(tmp_path / "merged"), str(tmp_path / "m.gguf"), str(tmp_path / "plain.gguf")
+    merge(run, merged, log=lambda *_: None)
+    write_gguf(merged, f16, "f16", "roc", load_tokenizer(merged))
+    kquantize(f16, plain, "q4_k_m", report["tensor_plan"])
+    want = gguf.GGUFReader(plain)
+    assert {k: f.contents() for k, f in got.fields.items() if not k.startswith("GGUF.")} == \
+           {k: f.contents() for k, f in want.fields.items() if not k.startswith("GGUF.")}
+    theirs = {t.name: t for t in want.tensors}
+    for t in got.tensors:
+        if t.name in kept:
+            assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0, t.name
+        else:
+            assert t.tensor_type == theirs[t.name].tensor_type and (t.data == theirs[t.name].data).all(), t.name
+    assert any(theirs[n].tensor_type != gguf.GGMLQuantizationType.Q8_0 for n in kept)  # llama.cpp's were lower

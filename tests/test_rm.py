@@ -253,6 +253,29 @@ def test_an_rm_run_does_not_answer(rm_run, tmp_path, capsys):
         load_for_inference(rm_run, device="cpu")
 
 
+def test_merge_and_export_refuse_an_rm_run_before_loading(rm_run, tmp_path, capsys, monkeypatch):
+    """A reward model has a score head, not a language-model head: merge and export say so in one line, naming
+    the run and what to use instead, before any model loads; nothing is written."""
+    import roctune.generate
+    import roctune.models
+    from roctune.cli import main
+
+    def no_load(*_, **__):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(roctune.generate, "load_for_inference", no_load)
+    monkeypatch.setattr(roctune.models, "load_tokenizer", no_load)
+    for argv in (["merge", "--adapter", rm_run, "--output", str(tmp_path / "merged")],
+                 ["export", "--adapter", rm_run, "--output", str(tmp_path / "gguf")],
+                 ["export", "--adapter", rm_run, "--format", "lora-gguf", "--output", str(tmp_path / "lora")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--adapter {rm_run}: a reward model (--stage rm)" in err[0], err
+        assert f"roctune {argv[0]} writes models that generate text" in err[0]
+        assert f"roctune eval --adapter {rm_run}" in err[0] and f"--reward-model {rm_run}" in err[0]
+    assert not any((tmp_path / name).exists() for name in ("merged", "gguf", "lora"))
+
+
 def test_web_ui_form_offers_rm_with_its_labels():
     from roctune.webui.train_form import form_specs
 

@@ -101,6 +101,26 @@ def test_template_less_gemma_gets_gemma_template_with_bos_and_single_token_marke
     assert templates.missing_markers(tok, templates.get("chatml")) == ["<|im_start|>", "<|im_end|>"]
 
 
+def test_gemma_template_becomes_an_ollama_template_with_the_system_prompt_in_the_first_turn(gemma_tokenizer):
+    """Gemma's template has no system turn (the system prompt opens the first user turn): the Modelfile's TEMPLATE
+    keeps it there, so Ollama prompts the model as training did; <bos> stays out (the tokenizer adds it)."""
+    from roctune.export import deploy
+
+    tok = gemma_tokenizer
+    text, w = deploy.modelfile("g.gguf", tok, "Be brief.")
+    assert w["folded"] and w["system"] == ("", "\n\n") and w["stop"] == "<end_of_turn>"
+    assert ('TEMPLATE """{{ $system := "" }}{{ range $i, $_ := .Messages }}{{ if and (eq $i 0) (eq .Role "system") }}'
+            '{{ $system = .Content }}{{ else if eq .Role "user" }}<start_of_turn>user\n{{ if $system }}{{ $system }}'
+            '\n\n{{ $system = "" }}{{ end }}{{ .Content }}<end_of_turn>\n{{ else if eq .Role "assistant" }}'
+            '<start_of_turn>model\n{{ .Content }}<end_of_turn>\n{{ end }}{{ end }}<start_of_turn>model\n"""') in text
+    assert 'PARAMETER stop "<end_of_turn>"' in text and 'SYSTEM """Be brief."""' in text
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Who are you?"}]
+    for msgs in (turns, [{"role": "system", "content": "Be brief."}, *turns], turns[:1]):
+        jinja = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert tok.bos_token + deploy.render_like_ollama(w, msgs) == jinja
+
+
 def test_unwritable_template_is_refused_naming_the_flag(gemma_base, tmp_path, capsys):
     from roctune.cli import main
 

@@ -18,7 +18,7 @@ from roctune.errors import ConfigError
 
 def is_rm_run(path: str) -> bool:
     """A roctune run trained with --stage rm."""
-    return rundir.is_run_dir(path) and (rundir.read_run(path).get("config") or {}).get("stage") == "rm"
+    return rundir.stage(path) == "rm"
 
 
 def check_run(path: str, flag: str = "--reward-model") -> None:

@@ -32,7 +32,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     (gguf_file.TENSOR_TYPES; "auto" by the vocabulary's share of the weights)."""
     from roctune.export import deploy, gguf_file
     from roctune.export import verify as check
-    from roctune.merge import check_output
+    from roctune.merge import check_output, refuse_reward_model
     from roctune.models import gguf_source, load_tokenizer, resolve_model
 
     if fmt not in FORMATS:
@@ -41,6 +41,7 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     gguf_file.check_tensor_types(quant if fmt == "gguf" else "f16", embedding_type, output_type)
     if not os.path.isdir(adapter):
         raise ConfigError(f"--adapter {adapter}: no such directory")
+    refuse_reward_model(adapter, "export")
     check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
     if fmt == "lora-gguf":
         from roctune.export.lora_gguf import check_adapter
@@ -67,10 +68,13 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
             f"{output} in {report['seconds']:.0f} s; it needs the base model's GGUF beside it")
         return report
     report["quant"] = quant
+    source = None if full else gguf_source(base)
     plan = gguf_file.tensor_plan(adapter if full else base, quant, embedding_type, output_type)
     if plan:
         report["tensor_plan"] = plan
         log(f"token embedding {plan['embedding_type']}, output layer {plan['output_type']} ({plan['reason']})")
+    if plan and source:
+        _keep_changed(plan, adapter, base, family, log)
 
     def fill(tmp: str) -> None:
         merged = adapter if full else os.path.join(tmp, ".merged")
@@ -97,11 +101,22 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     rundir.write_dir_atomically(output, fill)
     log(f"exported {gguf_name} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to {output} "
         f"in {report['seconds']:.0f} s")
-    source = None if full else gguf_source(base)
     if source and not rows:  # an adapter with trained token rows has no LoRA GGUF
         log(f"the base model came from {source}: `roctune export --adapter {adapter} --format lora-gguf` puts this "
             "fine-tune onto that same file (llama-server -m FILE --lora ...), keeping its own quantization")
     return report
+
+
+def _keep_changed(plan: dict, adapter: str, base: str, family, log) -> None:
+    """A base converted from a GGUF: the matrices LoRA changed stay at q8_0 (requant.py says why)."""
+    from roctune.export import gguf_file, requant
+
+    names = requant.changed_matrices(adapter, family, gguf_file.read_config(base)["num_hidden_layers"])
+    if names:
+        plan["q8_0_tensors"] = names
+        log(f"the {len(names)} matrices the adapter changed stay at q8_0: the others are the base GGUF's own "
+            "values and re-quantize almost exactly, while 4-6 bit rounding of the changed ones is as large as the "
+            "fine-tune's change")
 
 
 def _fill_lora(adapter: str, base: str, tmp: str, name: str, tok, family, verify: bool, report: dict,
@@ -192,7 +207,13 @@ def _write(model_dir: str, tmp: str, gguf_name: str, quant: str, name: str, tok,
     if quant in gguf_file.KQUANTS:
         f16 = os.path.join(tmp, ".f16.gguf")
         facts = gguf_file.write_gguf(model_dir, f16, "f16", name, tok, log, search)
-        gguf_file.kquantize(f16, path, quant, plan)
+        keep = (plan or {}).get("q8_0_tensors")
+        gguf_file.kquantize(f16, path + ".k" if keep else path, quant, plan)
+        if keep:
+            from roctune.export.requant import keep_at_q8_0
+
+            keep_at_q8_0(path + ".k", f16, path, keep)
+            os.unlink(path + ".k")
         os.unlink(f16)
         facts["bytes"] = os.path.getsize(path)
         facts["vocab_tensor_types"] = gguf_file.vocab_tensor_types(path)

@@ -33,7 +33,9 @@ def _added_bos(tok) -> str:
 
 
 def role_wrappers(tok) -> dict:
-    """{role: (before, after)}, 'generation' (the text that opens an answer), 'stop' and 'default_system'."""
+    """{role: (before, after)}, 'generation' (the text that opens an answer), 'stop', 'default_system', 'lead' (text
+    before the first turn) and 'folded' (the system prompt is written inside the first user turn, as Gemma's and
+    Mistral's templates do, between system's before and after)."""
     m = MARK
     s, u, a = ({"role": r, "content": m[r]} for r in ("system", "user", "assistant"))
     one = _render(tok, [s, u], False)
@@ -49,36 +51,75 @@ def role_wrappers(tok) -> dict:
     while cut < len(between) and between[cut] in "\n ":
         cut += 1
     a_after, u_before = between[:cut], between[cut:]
+    plain = _render(tok, [u], False)
     sys_tail = one[one.index(m["system"]) + len(m["system"]):one.index(m["user"])]
-    if not sys_tail.endswith(u_before):
-        raise ConfigError("the chat template does not open user turns the same way each time; cannot write an "
-                          "Ollama TEMPLATE for it")
-    bos = _added_bos(tok)
-    s_before = one[:one.index(m["system"])]
-    s_before = s_before[len(bos):] if bos and s_before.startswith(bos) else s_before
-    w = {"system": (s_before, sys_tail[:len(sys_tail) - len(u_before)]),
-         "user": (u_before, one[one.index(m["user"]) + len(m["user"]):]),
-         "assistant": (gen[len(one):], a_after), "generation": gen[len(one):], "stop": stop}
-    plain = _render(tok, [{"role": "user", "content": m["user"]}], False)
-    lead = plain[:plain.index(u_before + m["user"])] if u_before + m["user"] in plain else ""
-    lead = lead[len(bos):] if bos and lead.startswith(bos) else lead
-    sb, sa = w["system"]
-    w["default_system"] = lead[len(sb):len(lead) - len(sa)] if lead.startswith(sb) and lead.endswith(sa) and lead else ""
+    w = (_separate_system if sys_tail.endswith(u_before) else _folded_system)(one, plain, u_before, _added_bos(tok))
+    w.update(assistant=(gen[len(one):], a_after), generation=gen[len(one):], stop=stop)
     _check(tok, w)
     return w
 
 
+def _strip_bos(text: str, bos: str) -> str:
+    return text[len(bos):] if bos and text.startswith(bos) else text
+
+
+def _separate_system(one: str, plain: str, u_before: str, bos: str) -> dict:
+    """A system turn of its own (ChatML, Llama 3); a default system prompt the template writes when none is given
+    (SmolLM2's) becomes 'default_system'."""
+    m = MARK
+    sys_tail = one[one.index(m["system"]) + len(m["system"]):one.index(m["user"])]
+    s_before = _strip_bos(one[:one.index(m["system"])], bos)
+    w = {"system": (s_before, sys_tail[:len(sys_tail) - len(u_before)]), "lead": "", "folded": False,
+         "user": (u_before, one[one.index(m["user"]) + len(m["user"]):])}
+    lead = plain[:plain.index(u_before + m["user"])] if u_before + m["user"] in plain else ""
+    lead = _strip_bos(lead, bos)
+    sb, sa = w["system"]
+    w["default_system"] = lead[len(sb):len(lead) - len(sa)] if lead.startswith(sb) and lead.endswith(sa) and lead else ""
+    return w
+
+
+def _folded_system(one: str, plain: str, u_before: str, bos: str) -> dict:
+    """The system prompt written inside the first user turn, before its text (Gemma's '<start_of_turn>user\\n' +
+    system + '\\n\\n' + question): a conversation without one must be the same text with the system part left out."""
+    m = MARK
+    head = plain[:plain.index(m["user"])]
+    at_s, at_u = one.index(m["system"]), one.index(m["user"])
+    if not (head.endswith(u_before) and one.startswith(head) and at_s < at_u
+            and one[at_u:] == plain[len(head):]):
+        raise ConfigError("the chat template does not open user turns the same way each time; cannot write an "
+                          "Ollama TEMPLATE for it")
+    return {"system": (one[len(head):at_s], one[at_s + len(m["system"]):at_u]), "folded": True, "default_system": "",
+            "lead": _strip_bos(head[:len(head) - len(u_before)], bos), "user": (u_before, plain[len(head) + len(m["user"]):])}
+
+
+def render_like_ollama(w: dict, msgs: list[dict]) -> str:
+    """What the TEMPLATE `modelfile` writes from `w` renders for `msgs` (its Go template, step by step in Python)."""
+    out, system = [w["lead"]], ""
+    for i, msg in enumerate(msgs):
+        role, text = msg["role"], msg["content"]
+        if w["folded"] and role == "system" and i == 0:
+            system = text
+        elif w["folded"] and role == "user":
+            out += [w["user"][0], w["system"][0] + system + w["system"][1] if system else "", text, w["user"][1]]
+            system = ""
+        elif role in ("system", "user", "assistant"):
+            out += [w[role][0], text, w[role][1]]
+    return "".join(out) + w["generation"]
+
+
 def _check(tok, w: dict) -> None:
-    """The wrappers must reproduce the Jinja template on a conversation of several turns."""
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q1"},
-            {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
-    mine = "".join(w[x["role"]][0] + x["content"] + w[x["role"]][1] for x in msgs) + w["generation"]
-    theirs = _render(tok, msgs, True)
+    """The wrappers must reproduce the Jinja template on conversations of several turns."""
+    turns = [{"role": "user", "content": "Q1"}, {"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
     bos = _added_bos(tok)
-    theirs = theirs[len(bos):] if bos and theirs.startswith(bos) else theirs
-    if mine != theirs:
-        raise ConfigError("the chat template cannot be expressed as an Ollama TEMPLATE (role texts depend on "
-                          "more than the role); use the GGUF with llama.cpp, whose --jinja runs the embedded template")
+    for msgs in ([{"role": "system", "content": "S"}, *turns], turns):
+        theirs = _strip_bos(_render(tok, msgs, True), bos)
+        mine = render_like_ollama(w, msgs)
+        if msgs is turns and w["default_system"]:
+            mine = render_like_ollama(w, [{"role": "system", "content": w["default_system"]}, *turns])
+        if mine != theirs:
+            raise ConfigError("the chat template cannot be expressed as an Ollama TEMPLATE (role texts depend on "
+                              "more than the role); use the GGUF with llama.cpp, whose --jinja runs the embedded "
+                              "template")
 
 
 def _go(text: str) -> str:
@@ -87,13 +128,26 @@ def _go(text: str) -> str:
     return text
 
 
+def go_template(w: dict) -> str:
+    """Ollama's Go TEMPLATE from the wrappers (render_like_ollama is the same in Python). Folded: the first
+    message, when it is the system prompt, is kept in $system and written inside the first user turn."""
+    def branch(role: str, content: str = "{{ .Content }}", word: str = "else if") -> str:
+        return f'{{{{ {word} eq .Role "{role}" }}}}{_go(w[role][0])}{content}{_go(w[role][1])}'
+
+    if w["folded"]:
+        system = (f'{{{{ if $system }}}}{_go(w["system"][0])}{{{{ $system }}}}{_go(w["system"][1])}'
+                  '{{ $system = "" }}{{ end }}{{ .Content }}')
+        body = ('{{ $system := "" }}{{ range $i, $_ := .Messages }}{{ if and (eq $i 0) (eq .Role "system") }}'
+                '{{ $system = .Content }}' + branch("user", system) + branch("assistant"))
+    else:
+        body = "{{ range .Messages }}" + branch("system", word="if") + branch("user") + branch("assistant")
+    return _go(w["lead"]) + body + "{{ end }}{{ end }}" + _go(w["generation"])
+
+
 def modelfile(gguf_name: str, tok, system: str | None) -> tuple[str, dict]:
     """The Modelfile text and the wrappers it was built from."""
     w = role_wrappers(tok)
-    branches = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq .Role "{r}" }}}}{_go(w[r][0])}{{{{ .Content }}}}'
-                       f'{_go(w[r][1])}' for i, r in enumerate(("system", "user", "assistant")))
-    template = f"{{{{ range .Messages }}}}{branches}{{{{ end }}}}{{{{ end }}}}{_go(w['generation'])}"
-    lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{template}"""']
+    lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{go_template(w)}"""']
     stops = [w["stop"]] + [t for t in (tok.eos_token,) if t and t != w["stop"]]
     lines += [f'PARAMETER stop "{t}"' for t in stops]
     system = system or w["default_system"]

@@ -42,8 +42,9 @@ TENSOR_TYPES = ("auto", "q8_0", "q6_k", "f16", "default")
 # Above this share of the parameters in the embedding and output matrices, a K-quant keeps them at q8_0. Why: every
 # token's logits come from the output matrix and every input from an embedding row, so their rounding reaches every
 # position directly, while a layer's rounding is averaged over the hidden size; when they are most of the file
-# (Gemma 3 270M: a 262,144 x 640 embedding, 63% of the parameters) a 4-bit K-quant is mostly a 4-bit vocabulary
-# (issue 41: q4_k_m refused, answers 2/5 equal), and 8 bits for it is what keeps the quant usable. Below the share
+# (Gemma 3 270M: a 262,144 x 640 embedding, 63% of the parameters) a 4-bit K-quant is mostly a 4-bit vocabulary.
+# (Gemma 3 270M itself gets q8_0 from llama.cpp's default too: its 640-wide rows are not whole 256-value K blocks,
+# and Q6_K falls back to Q8_0. Its q4_k_m refusal in issue 41 came from the LoRA-changed matrices: requant.py.) Below the share
 # (SmolLM2-135M: 21%, Llama 3 8B: 13%) llama.cpp's own mixture already gives the output layer q6_k, and 8 bits
 # would only make the file bigger.
 BIG_VOCAB_SHARE = 0.3

@@ -11,9 +11,16 @@ llama.cpp's rope (gguf_specs), B's rows are permuted the same way (A acts on the
 Written here with `gguf.GGUFWriter` for the reasons gguf_file.py gives; llama.cpp's convert_lora_to_gguf.py was
 read for the facts. What llama.cpp cannot load is refused with one line before anything is written: modules
 saved whole (`modules_to_save`: a trained embedding or output layer is a full matrix, not a LoRA pair), LoRA on
-the embedding or output layer, DoRA. Trained rows of single tokens (`trainable_token_indices`: the turn markers of
-a template roctune chose for a base model, methods.turn_token_rows) have no place in the format either: without them
-the answers do not stop (measured on Gemma 3 270M: mean KL 0.525 to the merged model), so `token_rows_refusal` refuses.
+the embedding or output layer, DoRA.
+
+Trained rows of single tokens (`trainable_token_indices`: the turn markers of a template roctune chose for a base
+model, methods.turn_token_rows; without them the answers do not stop, measured on Gemma 3 270M: mean KL 0.525 to
+the merged model) are written as exact rank-k pairs (k tokens) when the embedding and output layer are two
+matrices: llama.cpp adds a `token_embd` LoRA to the looked-up rows (llama-graph build_inp_embd: B times the rows of
+A picked by token id, so A is [n_vocab, k] one-hot and B the k row deltas) and an `output` LoRA the usual way.
+With tied embeddings (Gemma, SmolLM2) there is one tensor, and llama.cpp hands its LoRA (found by name) to the
+output matmul too, whose shapes do not fit: it aborts (GGML_ASSERT ggml_can_mul_mat, measured with the llama.cpp
+of llama-cpp-py-sync b11739); such an adapter is refused (`token_rows_refusal`).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from roctune import rundir
 from roctune.errors import ConfigError
 
 LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.default)?\.weight$")
+TOKEN_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.token_adapter\.trainable_tokens_delta(?:\.default)?$")
 
 
 def check_adapter(adapter: str) -> dict:
@@ -59,14 +67,16 @@ def token_rows(cfg: dict) -> list[int]:
 
 
 def token_rows_refusal(cfg: dict, tokenizer, adapter: str) -> str | None:
-    """Why a LoRA GGUF cannot hold this adapter's trained token rows (one line), else None."""
+    """Why a LoRA GGUF cannot hold this adapter's trained token rows (one line), else None: rows of tied
+    embeddings (peft's plain list of ids; untied ones name both layers)."""
     ids = token_rows(cfg)
-    if not ids:
+    if not ids or isinstance(cfg.get("trainable_token_indices"), dict):
         return None
     names = ", ".join(tokenizer.convert_ids_to_tokens(ids))
-    return (f"--adapter {adapter}: it trains the embedding/output rows of {names} (the markers of roctune's chat "
-            "template, which a base model may never have learned), and a llama.cpp LoRA file holds only LoRA pairs: without those "
-            "rows the answers would not stop - export the merged model with --format gguf")
+    return (f"--adapter {adapter}: it trains the rows of {names} in the embedding that this model shares with its "
+            "output layer (the markers of roctune's chat template, which a base model may never have learned); "
+            "llama.cpp applies an embedding LoRA to a shared output layer with the wrong shapes and aborts, and "
+            "without those rows the answers would not stop - export the merged model with --format gguf")
 
 
 def scales(cfg: dict, modules: list[str]) -> dict[str, float]:
@@ -94,7 +104,9 @@ def write_lora_gguf(adapter: str, base_dir: str, path: str, name: str, family) -
     from roctune.export.gguf_file import _permute, read_config
 
     cfg, base = check_adapter(adapter), read_config(base_dir)
-    pairs = _pairs(load_file(os.path.join(adapter, "adapter_model.safetensors")), adapter)
+    tensors = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    rows = {m[1]: tensors.pop(k) for k in list(tensors) if (m := TOKEN_KEY.match(k))}
+    pairs = _pairs(tensors, adapter)
     alpha = float(cfg.get("lora_alpha", 8))
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
     names = gguf.get_tensor_name_map(arch, base["num_hidden_layers"])
@@ -114,12 +126,52 @@ def write_lora_gguf(adapter: str, base_dir: str, path: str, name: str, family) -
             b = _permute(b, heads if module.endswith("q_proj") else base.get("num_key_value_heads") or heads)
         w.add_tensor(new + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
         w.add_tensor(new + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))
+    for new, a, b in _row_pairs(rows, token_rows(cfg), base_dir, names, alpha, adapter):
+        w.add_tensor(new + ".lora_a", a)
+        w.add_tensor(new + ".lora_b", b)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return {"architecture": family.gguf_arch, "family": family.name, "lora_modules": len(pairs), "alpha": alpha,
-            "bytes": os.path.getsize(path)}
+            "token_rows": len(token_rows(cfg)) if rows else 0, "bytes": os.path.getsize(path)}
+
+
+def _base_rows(base_dir: str, key: str, ids: list[int]):
+    """The rows `ids` of the base model's tensor `key` (from its safetensors, nothing else loaded)."""
+    from safetensors import safe_open
+
+    for f in sorted(n for n in os.listdir(base_dir) if n.endswith(".safetensors")):
+        with safe_open(os.path.join(base_dir, f), framework="np") as st:
+            if key in st.keys():
+                return np.stack([st.get_slice(key)[i] for i in ids]).astype(np.float32)
+    raise ConfigError(f"{base_dir}: no {key} in the base model's weights; export the merged model with --format gguf")
+
+
+def _row_pairs(rows: dict, ids: list[int], base_dir: str, names, alpha: float, adapter: str):
+    """(GGUF name, A, B) per layer with trained token rows (untied embedding and output layer): the row deltas
+    (trained rows minus the base's) as an exact rank-k pair, scaled so that llama.cpp's alpha / k gives 1. The
+    embedding in llama.cpp's flipped layout for its get_rows (A [n_vocab, k] one-hot, B [n_embd, k]); the output
+    layer as usual (A [k, n_embd] the deltas, B [n_vocab, k] one-hot)."""
+    k = len(ids)
+    for module, trained in sorted(rows.items()):
+        new = names.get_name(module + ".weight", try_suffixes=(".weight",))
+        if new not in ("token_embd.weight", "output.weight") or trained.shape[0] != k:
+            raise ConfigError(f"{adapter}: trained token rows of {module} cannot be written as a LoRA GGUF; export "
+                              "the merged model with --format gguf")
+        delta = trained.astype(np.float32) - _base_rows(base_dir, module + ".weight", ids)
+        one_hot = np.zeros((_n_vocab(base_dir), k), dtype=np.float32)
+        one_hot[ids, np.arange(k)] = k / alpha
+        if new == "token_embd.weight":
+            yield new, one_hot, np.ascontiguousarray(delta.T)
+        else:
+            yield new, np.ascontiguousarray(delta), one_hot
+
+
+def _n_vocab(base_dir: str) -> int:
+    from roctune.export.gguf_file import read_config
+
+    return int(read_config(base_dir)["vocab_size"])
 
 
 def _pairs(tensors: dict, adapter: str) -> dict[str, tuple]:

@@ -49,7 +49,7 @@ from roctune.rundir.lock import (STAGING_PREFIX, claim, lock_path, locked, remov
 from roctune.rundir.metrics import append_metrics, json_line, metrics_path, plot_loss, read_metrics, reset_metrics
 from roctune.rundir.output import (LOG_ONLY_FILES, check_new_output, check_output_file, check_writable_parent,
                                    clear_unsaved_run, is_unsaved_ended_run)
-from roctune.rundir.run_yaml import (base_model, method, read_run, rope_scaling, template_name, tool_format,
+from roctune.rundir.run_yaml import (base_model, method, read_run, rope_scaling, stage, template_name, tool_format,
                                      total_steps, write_run)
 from roctune.rundir.status import (ACTIVE_PHASES, END_PHASES, RUN_STATES, read_status, run_state, status_path,
                                    summary, write_status)

@@ -96,6 +96,13 @@ def method(run_dir: str) -> str:
     return "full" if os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)) else "lora"
 
 
+def stage(run_dir: str) -> str:
+    """The stage a run directory was trained with (roctune.stages: "sft" for a folder without run.yaml)."""
+    if os.path.isdir(run_dir) and is_run_dir(run_dir):
+        return str((read_run(run_dir).get("config") or {}).get("stage") or "sft")
+    return "sft"
+
+
 def total_steps(run_dir: str) -> int | None:
     """The planned number of optimizer steps, from run.yaml (None before training has started)."""
     try:
