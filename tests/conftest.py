@@ -2,6 +2,7 @@
 from a config (no downloads), and small dataset files in every supported format."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -91,6 +92,35 @@ def write_jsonl(path, rows) -> str:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return str(path)
+
+
+def files_in(root) -> dict[str, bytes]:
+    """Every file below `root` (relative path -> bytes): compared before and after, it shows what was written."""
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
+
+
+@contextlib.contextmanager
+def served_page(root):
+    """The web UI confined to `root`, started the way `roctune webui` starts it (roctune.webui.launch) on a free
+    loopback port without blocking: yields (gradio_client Client, app); closed after."""
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from gradio_client import Client
+
+    from roctune.hardware.network import free_port
+    from roctune.webui import launch
+
+    port = free_port()
+    app = launch(port=port, root=str(root), block=False)
+    try:
+        yield Client(f"http://127.0.0.1:{port}", verbose=False), app
+    finally:
+        app.close()
 
 
 @pytest.fixture
