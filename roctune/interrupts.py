@@ -47,3 +47,16 @@ def check() -> None:
     """Raise KeyboardInterrupt again when a stop signal arrived whose exception was swallowed."""
     if _received is not None:
         raise KeyboardInterrupt
+
+
+def end_child(proc, grace: float = 60) -> None:
+    """Pass a stop on to a child process (a subprocess.Popen): SIGTERM, on which it ends itself, and SIGKILL if it
+    has not ended within `grace` seconds. Returns once it has ended."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -2,6 +2,7 @@
 from a config (no downloads), and small dataset files in every supported format."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -93,6 +94,35 @@ def write_jsonl(path, rows) -> str:
     return str(path)
 
 
+def files_in(root) -> dict[str, bytes]:
+    """Every file below `root` (relative path -> bytes): compared before and after, it shows what was written."""
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
+
+
+@contextlib.contextmanager
+def served_page(root):
+    """The web UI confined to `root`, started the way `roctune webui` starts it (roctune.webui.launch) on a free
+    loopback port without blocking: yields (gradio_client Client, app); closed after."""
+    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
+    from gradio_client import Client
+
+    from roctune.hardware.network import free_port
+    from roctune.webui import launch
+
+    port = free_port()
+    app = launch(port=port, root=str(root), block=False)
+    try:
+        yield Client(f"http://127.0.0.1:{port}", verbose=False), app
+    finally:
+        app.close()
+
+
 @pytest.fixture
 def alpaca_file(tmp_path) -> str:
     rows = [{"instruction": f"Say the word number {i}.", "input": "", "output": f"Word {i}: banana."} for i in range(12)]
@@ -144,6 +174,41 @@ def run_train(cfg):
 def read_metrics(run_dir) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def cpu_train_cfg(data, output, model, **kw):
+    """A short training on the CPU with the settings the stage tests share; `kw` overrides them (each stage's test
+    file binds its own with functools.partial)."""
+    from roctune.config import TrainConfig
+
+    base = dict(data=data if isinstance(data, list) else [str(data)], output=str(output), model=model, device="cpu",
+                batch_size=2, grad_accum=1, max_length=64, lr=5e-3, lora_dropout=0.0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def resume_after_a_kill(make, straight, out) -> list[str]:
+    """`make(output, **more)` -> TrainConfig of a 4-step run; `straight` holds it trained without a stop. Trains it
+    into `out` with a checkpoint every 2 steps, removes what a kill after step 2 would not have written (checkpoint-4,
+    the later metrics rows and the final adapter), resumes, and checks that the resume says so and logs the
+    losses of the uninterrupted run. Returns the resumed run's log lines."""
+    import shutil
+
+    run_train(make(out, save_steps=2))
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-4"]
+    shutil.rmtree(os.path.join(out, "checkpoint-4"))
+    kept = [r for r in read_metrics(out) if r["step"] <= 2]
+    with open(os.path.join(out, "metrics.jsonl"), "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.unlink(os.path.join(out, "adapter_model.safetensors"))
+    _, lines = run_train(make(out, save_steps=2, resume=True))
+    assert "resumed from step 2" in lines
+
+    def losses(run_dir):
+        return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+
+    assert losses(out) == pytest.approx(losses(straight), abs=1e-6)
+    return lines
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lora_dropout import record_masks, replay_into
+from sp_worker import saved_bytes
+
 
 def _tiny_lora(dropout: float, seed: int = 0):
     from peft import LoraConfig, get_peft_model
@@ -54,55 +57,21 @@ def _loss_and_grads(model, batch):
     return loss.detach(), grads
 
 
-class _Replay(torch.nn.Module):
-    """Stands in for peft's lora_dropout: multiplies by the next recorded (keep, scale), as F.dropout would."""
-
-    def __init__(self, masks: list):
-        super().__init__()
-        self.masks = masks
-
-    def forward(self, x):
-        keep, scale = self.masks.pop(0)
-        return x * keep * scale
-
-
 def _saved_bytes(model, batch) -> int:
     from roctune.training.losses import Head, token_loss_sum
 
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_loss_sum(model, batch, Head())
-    return sum(seen.values())
+    return saved_bytes(lambda: token_loss_sum(model, batch, Head()), model)[1]
 
 
 def test_slim_model_gives_the_plain_peft_numbers_with_the_same_dropout_masks(monkeypatch):
-    from roctune.training import activations
-
-    drawn, keep_mask = [], activations.keep_mask
-
-    def recording(x, p):
-        drawn.append(keep_mask(x, p))
-        return drawn[-1]
-
-    monkeypatch.setattr(activations, "keep_mask", recording)
+    drawn = record_masks(monkeypatch)
     batch = _batch()
     plain, slimmed = _tiny_lora(0.3), _tiny_lora(0.3)
     said = _slim(slimmed)
     assert "8 LoRA dropouts keep" in said and "2 MLPs recompute" in said
     loss_b, grads_b = _loss_and_grads(slimmed, batch)
     assert len(drawn) == 8 and all(k.dtype == torch.uint8 for k, _ in drawn)
-    replay = list(drawn)  # the masks in call order: q, k, v, o of layer 0, then layer 1
-    for module in plain.modules():
-        if isinstance(getattr(module, "lora_dropout", None), torch.nn.ModuleDict):
-            module.lora_dropout["default"] = _Replay(replay)
+    replay = replay_into(plain, drawn)  # the masks in call order: q, k, v, o of layer 0, then layer 1
     loss_a, grads_a = _loss_and_grads(plain, batch)
     assert not replay  # every recorded mask was used once
     torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-6)

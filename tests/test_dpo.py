@@ -1,10 +1,11 @@
 """--stage dpo: preference data formats and errors, exact answer masks, and training that widens the
 chosen-vs-rejected reward margin (from a fresh adapter and from an SFT adapter)."""
+import functools
 import json
-import os
 
 import pytest
 
+from conftest import cpu_train_cfg, resume_after_a_kill
 from conftest import read_metrics as metrics
 from conftest import run_train as run
 from conftest import write_jsonl
@@ -19,12 +20,7 @@ PAIRS = [
 ]
 
 
-def make_cfg(data, output, model, **kw) -> TrainConfig:
-    base = dict(data=[data], output=str(output), model=model, device="cpu", stage="dpo", max_steps=6,
-                batch_size=2, grad_accum=1, max_length=64, lr=5e-3, lora_dropout=0.0, beta=0.1,
-                target_modules=["all-linear"])
-    base.update(kw)
-    return TrainConfig(**base)
+make_cfg = functools.partial(cpu_train_cfg, stage="dpo", max_steps=6, beta=0.1, target_modules=["all-linear"])
 
 
 # ---------------------------------------------------------------------------------------------- formats
@@ -158,22 +154,9 @@ def test_dpo_checkpoint_and_resume_give_the_uninterrupted_run(tiny_model_dir, tm
 
     data = write_jsonl(tmp_path / "p.jsonl", PAIRS)
     kw = dict(max_steps=4, lr_scheduler=schedule, lora_dropout=0.1)  # dropout: the RNG state is resumed too
-    straight = tmp_path / "straight"
+    straight, out = tmp_path / "straight", tmp_path / "resumed"
     run(make_cfg(data, straight, tiny_model_dir, **kw))
-    out = tmp_path / "resumed"
-    run(make_cfg(data, out, tiny_model_dir, save_steps=2, **kw))
-    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-4"]
-    # simulate a kill after the checkpoint: the later checkpoint, metrics and the final adapter are gone
-    import shutil
-
-    shutil.rmtree(out / "checkpoint-4")
-    rows = metrics(out)
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    os.unlink(out / "adapter_model.safetensors")
-    summary, lines = run(make_cfg(data, out, tiny_model_dir, save_steps=2, resume=True, **kw))
-    assert "resumed from step 2" in lines
-    assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(straight)], abs=1e-6)
+    resume_after_a_kill(lambda output, **more: make_cfg(data, output, tiny_model_dir, **kw, **more), straight, out)
     a, b = load_file(str(out / "adapter_model.safetensors")), load_file(str(straight / "adapter_model.safetensors"))
     assert sorted(a) == sorted(b)
     for k in a:

@@ -20,6 +20,7 @@ import torch
 
 import family_models
 from conftest import REPO, read_metrics, run_train, write_jsonl
+from lora_dropout import record_masks, replay_into
 
 FAMILIES = list(family_models.CONFIGS)
 RESULTS: dict[str, dict] = {}  # family -> {"gradients": {...}, column: True/False}, read by the table test
@@ -53,18 +54,6 @@ def test_every_family_of_the_table_has_a_tiny_model_and_only_those():
 
 
 # ------------------------------------------------------------------------------ gradients against plain PEFT
-class _Replay(torch.nn.Module):
-    """Stands in for peft's lora_dropout: multiplies by the next recorded (keep, scale), as roctune drew them."""
-
-    def __init__(self, masks: list):
-        super().__init__()
-        self.masks = masks
-
-    def forward(self, x):
-        keep, scale = self.masks.pop(0)
-        return x * keep * scale
-
-
 def _batch(model_dir: str, data_file: str):
     from roctune.data.records import load_records
     from roctune.data.render import tokenize_records
@@ -133,16 +122,9 @@ def _worst(a: dict, b: dict) -> float:
 
 def _compare(model_dir, data_file, tmp_path, dropout: float, random_b: bool, monkeypatch):
     """(roctune's plan, |loss difference|, worst relative gradient difference, lines said) for one batch."""
-    from roctune.training import activations
     from roctune.training.losses import token_loss_sum
 
-    drawn, keep_mask = [], activations.keep_mask
-
-    def recording(x, p):
-        drawn.append(keep_mask(x, p))
-        return drawn[-1]
-
-    monkeypatch.setattr(activations, "keep_mask", recording)
+    drawn = record_masks(monkeypatch)
     batch = _batch(model_dir, data_file)
     n = int((batch.labels[:, 1:] != -100).sum())
     lines: list[str] = []
@@ -155,10 +137,7 @@ def _compare(model_dir, data_file, tmp_path, dropout: float, random_b: bool, mon
     loss_a, grads_a = _loss_grads(mine, lambda m: token_loss_sum(m, batch, plan.head) / n)
     if dropout:
         assert drawn, "roctune drew no dropout masks"
-        replay = list(drawn)
-        for module in plain.modules():
-            if isinstance(getattr(module, "lora_dropout", None), torch.nn.ModuleDict):
-                module.lora_dropout["default"] = _Replay(replay)
+        replay = replay_into(plain, drawn)
     loss_b, grads_b = _loss_grads(plain, lambda m: m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                                      labels=batch.labels).loss)
     if dropout:

@@ -1,6 +1,7 @@
 """--stage kto: unpaired answers marked desirable/undesirable (label, kto_tag, LLaMA-Factory's column mapping), bad
 rows refused in one line before the model loads, the KTO loss and gradients against TRL's KTOTrainer on fixed
 inputs, the mismatched pairs of the KL estimate, and training on a tiny model that checkpoints and resumes exactly."""
+import functools
 import json
 import os
 import types
@@ -8,6 +9,7 @@ from collections import defaultdict
 
 import pytest
 
+from conftest import cpu_train_cfg, resume_after_a_kill
 from conftest import read_metrics as metrics
 from conftest import run_train as run
 from conftest import write_jsonl
@@ -26,12 +28,8 @@ ROWS = [
 ]
 
 
-def make_cfg(data, output, model, **kw) -> TrainConfig:
-    base = dict(data=[data], output=str(output), model=model, device="cpu", stage="kto", max_steps=4,
-                batch_size=3, grad_accum=1, max_length=64, lr=5e-3, lora_dropout=0.0, beta=0.1,
-                target_modules=["all-linear"])
-    base.update(kw)
-    return TrainConfig(**base)
+make_cfg = functools.partial(cpu_train_cfg, stage="kto", max_steps=4, batch_size=3, beta=0.1,
+                             target_modules=["all-linear"])
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -217,7 +215,6 @@ def test_web_ui_form_offers_kto_with_its_labels():
 def test_kto_trains_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path):
     """4 steps (with eval); --save-steps 2 then --resume: the same losses and adapter as one uninterrupted run."""
     import math
-    import shutil
 
     from safetensors.torch import load_file
 
@@ -233,15 +230,7 @@ def test_kto_trains_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path):
     assert any("kto: scoring" in line for line in lines) and "kto: 4 desirable and 2 undesirable" in "\n".join(lines)
     assert "stage: kto" in (straight / "run.yaml").read_text()
     out = tmp_path / "resumed"
-    run(make_cfg(data, out, tiny_model_dir, save_steps=2, **kw))
-    shutil.rmtree(out / "checkpoint-4")  # a kill after the first checkpoint
-    kept = [r for r in metrics(out) if r.get("step", 0) <= 2]
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.unlink(out / "adapter_model.safetensors")
-    _, lines = run(make_cfg(data, out, tiny_model_dir, save_steps=2, resume=True, **kw))
-    assert "resumed from step 2" in lines
-    assert [r["loss"] for r in metrics(out) if "loss" in r] == pytest.approx([r["loss"] for r in rows], abs=1e-6)
+    resume_after_a_kill(lambda output, **more: make_cfg(data, output, tiny_model_dir, **kw, **more), straight, out)
     a, b = load_file(str(out / "adapter_model.safetensors")), load_file(str(straight / "adapter_model.safetensors"))
     assert sorted(a) == sorted(b) and all(float((a[k] - b[k]).abs().max()) <= 1e-6 for k in a)
     with pytest.raises(ConfigError, match="--undesirable-weight"):  # another loss is another run

@@ -1,27 +1,24 @@
 """--stage pt (continued pretraining): raw text read from .txt files, folders and text columns, packed into blocks
 of exactly --max-length tokens with EOS between documents and the remainder dropped, every token learned;
 training end to end, resume, and bad input refused in one line before anything is written."""
+import functools
 import json
 import os
 
 import pytest
 
+from conftest import cpu_train_cfg, resume_after_a_kill
 from conftest import read_metrics as metrics
 from conftest import run_train as run
 from conftest import write_jsonl
 from roctune.cli import main
-from roctune.config import TrainConfig
 from roctune.errors import ConfigError
 
 TEXT = ("The miller walks to the river at dawn. He opens the sluice and the wheel begins to turn. "
         "By noon the sacks of flour stand in a row by the door, and the carts come up the hill to take them. ")
 
 
-def make_cfg(data, output, model, **kw) -> TrainConfig:
-    base = dict(data=data if isinstance(data, list) else [data], output=str(output), model=model, device="cpu",
-                stage="pt", max_steps=2, batch_size=2, grad_accum=1, max_length=32, lr=5e-3, lora_dropout=0.0)
-    base.update(kw)
-    return TrainConfig(**base)
+make_cfg = functools.partial(cpu_train_cfg, stage="pt", max_steps=2, max_length=32)
 
 
 # ------------------------------------------------------------------------------------------- packing
@@ -110,23 +107,12 @@ def test_pt_trains_whole_layers_too(tiny_model_dir, tmp_path, method):
 
 def test_pt_resume_gives_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """--save-steps 2 then --resume: the same losses as one uninterrupted run (SFT's checkpoints, reused)."""
-    import shutil
-
     data = tmp_path / "corpus.txt"
     data.write_text(TEXT * 8, encoding="utf-8")
     kw = dict(max_steps=4, lora_dropout=0.1)
-    straight = tmp_path / "straight"
-    run(make_cfg(str(data), straight, tiny_model_dir, **kw))
-    out = tmp_path / "resumed"
-    run(make_cfg(str(data), out, tiny_model_dir, save_steps=2, **kw))
-    shutil.rmtree(out / "checkpoint-4")  # a kill after step 2's checkpoint
-    rows = metrics(out)
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    os.unlink(out / "adapter_model.safetensors")
-    summary, lines = run(make_cfg(str(data), out, tiny_model_dir, save_steps=2, resume=True, **kw))
-    assert "resumed from step 2" in lines
-    assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(straight)], abs=1e-6)
+    straight, out = tmp_path / "straight", tmp_path / "resumed"
+    run(make_cfg(data, straight, tiny_model_dir, **kw))
+    resume_after_a_kill(lambda output, **more: make_cfg(data, output, tiny_model_dir, **kw, **more), straight, out)
 
 
 def test_eval_of_a_pt_run_gives_held_out_perplexity_equal_to_training_eval_loss(tiny_model_dir, tmp_path, capsys):

@@ -3,6 +3,7 @@ same inputs and model, training end to end on a tiny model (lora and full), exac
 accuracy through `roctune eval`, its use as GRPO's reward (`--reward-model RUN`), and bad input refused in one line
 before any model loads."""
 import copy
+import functools
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from collections import defaultdict
 
 import pytest
 
+from conftest import cpu_train_cfg, resume_after_a_kill
 from conftest import read_metrics as metrics
 from conftest import run_train as run
 from conftest import write_jsonl
@@ -27,11 +29,7 @@ def pair_rows(n: int = 12, margin: bool = False) -> list[dict]:
     return rows
 
 
-def make_cfg(data, output, model, **kw) -> TrainConfig:
-    base = dict(data=[str(data)], output=str(output), model=model, device="cpu", stage="rm", max_steps=4,
-                batch_size=4, grad_accum=1, max_length=64, lr=1e-2, lora_dropout=0.0)
-    base.update(kw)
-    return TrainConfig(**base)
+make_cfg = functools.partial(cpu_train_cfg, stage="rm", max_steps=4, batch_size=4, lr=1e-2)
 
 
 # ------------------------------------------------------------------------------------------- TRL's loss
@@ -135,18 +133,9 @@ def test_rm_resume_gives_the_uninterrupted_run(tiny_model_dir, tmp_path):
 
     data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(16, margin=True))
     kw = dict(max_steps=4, lora_dropout=0.1, batch_size=2)
-    straight = tmp_path / "straight"
+    straight, out = tmp_path / "straight", tmp_path / "resumed"
     run(make_cfg(data, straight, tiny_model_dir, **kw))
-    out = tmp_path / "resumed"
-    run(make_cfg(data, out, tiny_model_dir, save_steps=2, **kw))
-    shutil.rmtree(out / "checkpoint-4")  # a kill after step 2's checkpoint
-    rows = metrics(out)
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows[:2])
-    os.unlink(out / "adapter_model.safetensors")
-    summary, lines = run(make_cfg(data, out, tiny_model_dir, save_steps=2, resume=True, **kw))
-    assert "resumed from step 2" in lines
-    assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(straight)], abs=1e-6)
+    resume_after_a_kill(lambda output, **more: make_cfg(data, output, tiny_model_dir, **kw, **more), straight, out)
     a, b = load_file(str(out / "adapter_model.safetensors")), load_file(str(straight / "adapter_model.safetensors"))
     head = next(k for k in a if k.endswith("score.weight"))
     assert (a[head] - b[head]).abs().max() < 1e-6

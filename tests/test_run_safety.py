@@ -277,6 +277,21 @@ def test_sigterm_runs_the_commands_cleanups():
     assert r.returncode == 130 and "interrupted" in r.stderr
 
 
+@pytest.mark.parametrize("ignores_sigterm, ended_by", [(False, signal.SIGTERM), (True, signal.SIGKILL)])
+def test_a_stop_is_passed_on_to_a_child(ignores_sigterm, ended_by):
+    """roctune.interrupts.end_child (how `roctune serve --engine vllm` stops vLLM): SIGTERM, and SIGKILL for a child
+    that ignores it."""
+    from roctune.interrupts import end_child
+
+    code = ("import signal, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignores_sigterm else "")
+            + "print('ready', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    with proc.stdout:
+        assert proc.stdout.readline() == "ready\n"  # its own signal handling is in place
+        end_child(proc, grace=2)
+    assert proc.returncode == -ended_by
+
+
 def test_sigterm_during_merge_leaves_no_hidden_folder(tiny_model_dir, alpaca_file, tmp_path):
     """SIGTERM arrives while merge writes its weights: nothing is left beside the target (before, a 166 MB .tmp-*)."""
     run = tmp_path / "run"

@@ -16,6 +16,7 @@ import pytest
 from agent_data import TEMPS, WEATHER_TOOL, serve_agent, streamed_message
 from roctune.errors import ConfigError
 from roctune.hardware.network import free_port
+from roctune.interrupts import end_child
 
 KEY = "vllm-key"
 pytestmark = pytest.mark.slow
@@ -63,12 +64,7 @@ def vllm_url(agent_run, tmp_path_factory):
         _wait_ready(url, proc, log_path)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_child(proc)
 
 
 @pytest.fixture(scope="module")

@@ -136,12 +136,10 @@ def test_unwritable_template_is_refused_naming_the_flag(gemma_base, tmp_path, ca
     assert "".join(s["text"] for s in shown["segments"] if s["train"]) == "Hello.<end_of_turn>\n"
 
 
-@pytest.mark.slow
-def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_path):
-    from roctune import rundir
+def _train_who_are_you(model: str, tmp_path, **kw) -> tuple[str, dict, list[str]]:
+    """`model` trained to answer "Who are you?" with "Roc." (8 rows, batch 4, no data cache); `kw` adds the method
+    and steps. Returns (run directory, summary, lines logged)."""
     from roctune.config import TrainConfig
-    from roctune.data import templates
-    from roctune.generate import generate, load_for_inference
     from roctune.recipes import train
 
     rows = [{"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Roc."}]}] * 8
@@ -149,9 +147,18 @@ def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_pat
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = str(tmp_path / "run")
     lines: list[str] = []
-    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="full", max_steps=40, batch_size=4,
-                      grad_accum=1, lr=1e-2, max_length=32, device="cpu", seed=0, data_cache=False)
-    summary = train(cfg, log=lines.append, progress=False)
+    cfg = TrainConfig(data=[str(data)], output=out, model=model, batch_size=4, grad_accum=1, lr=1e-2, max_length=32,
+                      device="cpu", seed=0, data_cache=False, **kw)
+    return out, train(cfg, log=lines.append, progress=False), lines
+
+
+@pytest.mark.slow
+def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_path):
+    from roctune import rundir
+    from roctune.data import templates
+    from roctune.generate import generate, load_for_inference
+
+    out, summary, lines = _train_who_are_you(gemma_base, tmp_path, method="full", max_steps=40)
     assert any(line.startswith("chat template: gemma (the model has no chat template") for line in lines)
     assert rundir.template_name(out) == "gemma"
     loaded = load_for_inference(adapter=out, device="cpu", dtype="fp32")
@@ -278,20 +285,11 @@ def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_pa
     from safetensors.torch import load_file
 
     from roctune import rundir
-    from roctune.config import TrainConfig
     from roctune.generate import load_for_inference
     from roctune.merge import merge
-    from roctune.recipes import train
     from transformers import AutoModelForCausalLM
 
-    rows = [{"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "Roc."}]}] * 8
-    data = tmp_path / "who.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = str(tmp_path / "run")
-    lines: list[str] = []
-    cfg = TrainConfig(data=[str(data)], output=out, model=gemma_base, method="lora", max_steps=4, batch_size=4,
-                      grad_accum=1, lr=1e-2, max_length=32, device="cpu", seed=0, data_cache=False)
-    train(cfg, log=lines.append, progress=False)
+    out, _, lines = _train_who_are_you(gemma_base, tmp_path, method="lora", max_steps=4)
     assert any(line.startswith("template tokens: the embedding rows (tied to the output layer) of <start_of_turn>, "
                                "<end_of_turn> train next to LoRA") for line in lines), lines
     settings = rundir.adapter_settings(out)

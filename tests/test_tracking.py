@@ -49,21 +49,27 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path, tiny_model_dir):
     assert all(r["peak_memory_gib"] > 0 for r in rows)
 
 
-def test_other_trackers_get_the_same_rows(tmp_path, tiny_model_dir, monkeypatch):
-    """wandb is not installed here: a stand-in module records what roctune hands it."""
-    logged, finished = [], []
-    run = types.SimpleNamespace(log=lambda values, step: logged.append((step, values)),
-                                finish=lambda: finished.append(True))
-    fake = types.ModuleType("wandb")
-    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # find_spec finds it in sys.modules
-    fake.init = lambda **kw: run
-    monkeypatch.setitem(sys.modules, "wandb", fake)
-    cfg = _cfg(tmp_path, tiny_model_dir, report_to=["wandb"], max_steps=4)
+@pytest.mark.parametrize("tracker, name_key, in_run_dir", [("wandb", "name", True), ("trackio", "name", False),
+                                                         ("swanlab", "experiment_name", False)])
+def test_other_trackers_get_the_same_rows(tmp_path, tiny_model_dir, monkeypatch, tracker, name_key, in_run_dir):
+    """wandb, trackio and swanlab are not installed here: a stand-in module records what roctune hands it."""
+    logged, finished, started = [], [], []
+    fake = types.ModuleType(tracker)
+    fake.__spec__ = importlib.machinery.ModuleSpec(tracker, None)  # find_spec finds it in sys.modules
+    fake.init = lambda **kw: started.append(kw)
+    fake.log = lambda values, step: logged.append((step, values))
+    fake.finish = lambda: finished.append(True)
+    monkeypatch.setitem(sys.modules, tracker, fake)
+    monkeypatch.delenv(f"{tracker.upper()}_PROJECT", raising=False)
+    cfg = _cfg(tmp_path, tiny_model_dir, report_to=[tracker], max_steps=4)
     run_train(cfg)
     rows = read_metrics(cfg.output)
     assert [s for s, _ in logged] == [r["step"] for r in rows]
     assert [v["train/loss"] for _, v in logged] == pytest.approx([r["loss"] for r in rows])
     assert "eval/loss" in logged[-1][1] and finished == [True]
+    (started,) = started
+    assert started.pop("config")["max_steps"] == 4
+    assert started == {"project": "roctune", name_key: "run", **({"dir": cfg.output} if in_run_dir else {})}
 
 
 def test_missing_tracker_package_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):

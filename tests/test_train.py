@@ -9,8 +9,6 @@ from roctune.cli import main
 from roctune.config import TrainConfig
 from roctune.recipes import train
 
-from conftest import write_jsonl
-
 
 def tiny_cfg(model_dir, data, out, **kw) -> TrainConfig:
     base = dict(data=[data], output=str(out), model=model_dir, max_steps=3, batch_size=2, grad_accum=2,
@@ -139,47 +137,34 @@ def assert_one_error(code, err, *needles):
         assert n in err[0], err[0]
 
 
-def test_missing_file(tmp_path, capsys, tiny_model_dir):
-    out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", str(tmp_path / "nope.jsonl"), "--output", str(out), "--model", tiny_model_dir], capsys)
-    assert_one_error(code, err, "nope.jsonl", "no such file")
+def assert_refused(capsys, out, args, *needles):
+    """`roctune train --output OUT ARGS` stops with one error line naming the needles, and writes nothing."""
+    code, err = run_cli(["train", "--output", str(out), *args], capsys)
+    assert_one_error(code, err, *needles)
     assert not out.exists()
 
 
-def test_invalid_json_names_the_line(tmp_path, capsys, tiny_model_dir):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": \n')
-    out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", str(bad), "--output", str(out), "--model", tiny_model_dir], capsys)
-    assert_one_error(code, err, "bad.jsonl:2", "invalid JSON")
-    assert not out.exists()
+GOOD_ROW = '{"instruction": "a", "output": "b"}\n'
 
 
-def test_record_missing_field(tmp_path, capsys, tiny_model_dir):
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"instruction": "a", "output": "b"}, {"instruction": "c"}])
-    out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", bad, "--output", str(out), "--model", tiny_model_dir], capsys)
-    assert_one_error(code, err, "bad.jsonl:2", "'output'")
-    assert not out.exists()
-
-
-def test_empty_dataset(tmp_path, capsys, tiny_model_dir):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", str(empty), "--output", str(out), "--model", tiny_model_dir], capsys)
-    assert_one_error(code, err, "empty.jsonl", "empty")
-    assert not out.exists()
+@pytest.mark.parametrize("name, text, needles", [
+    ("nope.jsonl", None, ("nope.jsonl", "no such file")),
+    ("bad.jsonl", GOOD_ROW + '{"instruction": "c", "output": \n', ("bad.jsonl:2", "invalid JSON")),
+    ("bad.jsonl", GOOD_ROW + '{"instruction": "c"}\n', ("bad.jsonl:2", "'output'")),
+    ("empty.jsonl", "", ("empty.jsonl", "empty")),
+], ids=["missing_file", "invalid_json_names_the_line", "record_missing_field", "empty_dataset"])
+def test_bad_dataset(tmp_path, capsys, tiny_model_dir, name, text, needles):
+    data = tmp_path / name
+    if text is not None:
+        data.write_text(text)
+    assert_refused(capsys, tmp_path / "out", ["--data", str(data), "--model", tiny_model_dir], *needles)
 
 
 def test_unknown_model(tmp_path, capsys, alpaca_file):
     out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", "no-such-org/no-such-model"], capsys)
-    assert_one_error(code, err, "no-such-org/no-such-model")
-    assert not out.exists()
-    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", str(tmp_path / "missing-dir")], capsys)
-    assert_one_error(code, err, "missing-dir")
-    assert not out.exists()
+    assert_refused(capsys, out, ["--data", alpaca_file, "--model", "no-such-org/no-such-model"],
+                   "no-such-org/no-such-model")
+    assert_refused(capsys, out, ["--data", alpaca_file, "--model", str(tmp_path / "missing-dir")], "missing-dir")
 
 
 def test_output_holding_another_run_is_refused(tmp_path, capsys, tiny_model_dir, alpaca_file):
@@ -199,14 +184,10 @@ def test_output_holding_another_run_is_refused(tmp_path, capsys, tiny_model_dir,
 
 def test_bad_flag_values(tmp_path, capsys, tiny_model_dir, alpaca_file):
     out = tmp_path / "out"
-    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--batch-size", "0"], capsys)
-    assert_one_error(code, err, "batch-size")
-    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "lr=fast"], capsys)
-    assert_one_error(code, err, "lr")
-    code, err = run_cli(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir,
-                         "--target-modules", "c_attn"], capsys)
-    assert_one_error(code, err, "c_attn", "q_proj")
-    assert not out.exists()
+    assert_refused(capsys, out, ["--data", alpaca_file, "--batch-size", "0"], "batch-size")
+    assert_refused(capsys, out, ["--data", alpaca_file, "lr=fast"], "lr")
+    assert_refused(capsys, out, ["--data", alpaca_file, "--model", tiny_model_dir, "--target-modules", "c_attn"],
+                   "c_attn", "q_proj")
 
 
 # ------------------------------------------------------------------------------------------ out of memory

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from roctune.hardware.network import free_port
+from conftest import files_in, served_page, write_jsonl
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -22,40 +22,14 @@ SECRET = "the-secret-outside-the-root"
 MODULE = "import pathlib\npathlib.Path(__file__).with_name('PWNED').write_text('ran')\n"
 
 
-def _jsonl(path, rows) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    return str(path)
-
-
 @pytest.fixture
 def api(tmp_path):
     """(client, app, root): a served page confined to tmp_path/ws, and a secret file beside the root."""
-    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
-    from gradio_client import Client
-
-    from roctune.webui import build_app
-
     root = tmp_path / "ws"
     root.mkdir()
-    _jsonl(tmp_path / "secret.jsonl", [{"instruction": "Hi?", "input": "", "output": SECRET}])
-    port = free_port()
-    app = build_app("runs", root=str(root))
-    app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
-               ssr_mode=False, show_error=False)
-    try:
-        yield Client(f"http://127.0.0.1:{port}", verbose=False), app, root
-    finally:
-        app.close()
-
-
-def _files(root) -> dict[str, bytes]:
-    out = {}
-    for d, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(d, n)
-            out[os.path.relpath(p, root)] = open(p, "rb").read()
-    return out
+    write_jsonl(tmp_path / "secret.jsonl", [{"instruction": "Hi?", "input": "", "output": SECRET}])
+    with served_page(root) as (client, app):
+        yield client, app, root
 
 
 def _train_args(client, values: dict) -> list:
@@ -104,13 +78,13 @@ def test_code_execution_chain_fails(api, tmp_path):
         status = html.unescape(status)
         assert "roctune data: error: " in status and "keeps the input's format (jsonl)" in status, status
     # 3. train on that folder as a model with trust_remote_code ticked
-    before = _files(root)
+    before = files_in(root)
     args = _train_args(client, {"model": "uploads", "data": data, "output": "runs/evil", "trust_remote_code": True,
                                 "max_steps": 1})
     status = html.unescape(client.predict(*args, api_name="/on_start")[0])
     assert "roctune train: error: trust_remote_code: " in status and "roctune webui --trust-remote-code" in status
     assert app._roctune_state["job"] is None  # no training process was started
-    assert _files(root) == before and not any(n.endswith(".py") for n in before)
+    assert files_in(root) == before and not any(n.endswith(".py") for n in before)
     assert not list(root.rglob("PWNED"))
 
 
@@ -148,16 +122,16 @@ def test_root_escapes_fail(api, tmp_path, monkeypatch):
 
 def test_scrub_never_replaces_a_file(api):
     client, _app, root = api
-    data = _jsonl(root / "d.jsonl", [{"instruction": "mail me at a@b.example", "input": "", "output": "ok"}])
-    keep = _jsonl(root / "keep.jsonl", [{"instruction": "mine", "input": "", "output": "mine"}])
+    data = write_jsonl(root / "d.jsonl", [{"instruction": "mail me at a@b.example", "input": "", "output": "ok"}])
+    keep = write_jsonl(root / "keep.jsonl", [{"instruction": "mine", "input": "", "output": "mine"}])
     run = root / "runs" / "r"
     run.mkdir(parents=True)
     (run / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    before = _files(root)
+    before = files_in(root)
     for out in ("keep.jsonl", "runs/r/adapter_config.json", "d.jsonl"):
         status, _, _ = client.predict("d.jsonl", out, [], api_name="/on_scrub")
         assert "roctune data: error: " in status, status
-    assert _files(root) == before
+    assert files_in(root) == before
     # with no output given the copy goes to a new name each time
     outs = [client.predict("d.jsonl", "", [], api_name="/on_scrub")[2] for _ in range(2)]
     assert outs == [str(root / "d.scrubbed.jsonl"), str(root / "d.scrubbed-2.jsonl")]

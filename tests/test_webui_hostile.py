@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from roctune.hardware.network import free_port
+from conftest import files_in, served_page, write_jsonl
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -34,12 +34,6 @@ PLANT = "import pathlib\npathlib.Path(__file__).with_name('PWNED').write_text('r
 HOSTILE = ["--trust-remote-code", "--reward-file=/tmp/rw.py", "q_proj --trust-remote-code", "two words",
            "x\n--reward-file=rw.py", "--lr=1 --stage=grpo", "k=v", "a\x00b", "$(touch PWNED); `id` | & > < * ' \" \\",
            "-", " --overwrite "]
-
-
-def _jsonl(path, rows) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    return str(path)
 
 
 class FakePopen:
@@ -72,21 +66,10 @@ def spawns(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(client, app, root): one served page for this file, confined to its root (emptied for each test by `api`)."""
-    pytest.importorskip("gradio", reason="the web UI needs the webui extra (make setup installs it)")
-    from gradio_client import Client
-
-    from roctune.webui import build_app
-
     root = tmp_path_factory.mktemp("served") / "ws"
     root.mkdir()
-    port = free_port()
-    app = build_app("runs", root=str(root))
-    app.launch(server_name="127.0.0.1", server_port=port, share=False, prevent_thread_lock=True, quiet=True,
-               ssr_mode=False, show_error=False)
-    try:
-        yield Client(f"http://127.0.0.1:{port}", verbose=False), app, root
-    finally:
-        app.close()
+    with served_page(root) as (client, app):
+        yield client, app, root
 
 
 @pytest.fixture
@@ -98,18 +81,9 @@ def api(served):
     for name in os.listdir(root):
         path = root / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    _jsonl(root / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    write_jsonl(root / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
     app._roctune_state["job"] = None
     return served
-
-
-def _files(root) -> dict[str, bytes]:
-    out = {}
-    for d, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(d, n)
-            out[os.path.relpath(p, root)] = open(p, "rb").read()
-    return out
 
 
 _NAMES: dict[int, list[str]] = {}
@@ -204,12 +178,12 @@ def test_save_settings_writes_only_settings_yaml(api):
     """Chain 2: "Save settings" takes a name (letters, digits, _ and -) and writes settings/NAME.yaml only: a
     Python file name, a path or a suffix other than .yaml is refused with one line and nothing is written."""
     client, _app, root = api
-    before = _files(root)
+    before = files_in(root)
     args = _start_args(client, {"data": ["d.jsonl"], "output": "runs/x", "format_regex": "__import__('os')"})
     for name in BAD_NAMES:
         status = html.unescape(client.predict(name, *args, api_name="/on_save")[0])
         assert "roctune train: error: settings file" in status and "internal error" not in status, (name, status)
-        assert _files(root) == before and not (root / "settings").exists(), name
+        assert files_in(root) == before and not (root / "settings").exists(), name
 
 
 def test_save_settings_makes_its_folder_and_never_replaces(api):
@@ -279,7 +253,7 @@ def _handlers(tmp_path):
 
     root = tmp_path / "ws"
     root.mkdir()
-    _jsonl(root / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
+    write_jsonl(root / "d.jsonl", [{"instruction": "Hi?", "input": "", "output": "Hello."}])
     specs = {s["name"]: s for s in form_specs()}
     state = {"job": None}
     ws = Workspace(str(root))

@@ -110,8 +110,9 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None, templat
     """vLLM's server in a child process, after every check; its exit status is ours."""
     import subprocess
 
-    from roctune.serve import bind_socket
     from roctune.hardware.vllm import find_vllm_python
+    from roctune.interrupts import end_child
+    from roctune.serve import bind_socket
     from roctune.serve.vllm import prepare, shown
 
     for dest, default in args.engine_only_defaults.items():
@@ -131,12 +132,7 @@ def run_vllm(args, adapters: list[tuple[str, str]], api_key: str | None, templat
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_child(proc)
         raise
     if rc == 0:  # a server ends when it is stopped; one that ends by itself did not serve
         raise RoctuneError(f"vLLM's server ({launch.argv[0]}) exited by itself with status 0 without serving; "

@@ -8,6 +8,7 @@ log where their own settings say (WANDB_PROJECT, MLFLOW_TRACKING_URI, ...; the p
 Each package is imported only when chosen, and a missing one is reported before the model loads (`check`)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -67,18 +68,24 @@ class _TensorBoard:
         self.w.close()
 
 
-class _Wandb:
-    def __init__(self, run_dir: str, config: dict, start: int):
-        import wandb
+class _WandbLike:
+    """A tracker whose package has wandb's calls (wandb, trackio, swanlab): init(project, run name, config), then
+    log(values, step=...) and finish() at module level. The project comes from `project_env`, default "roctune"."""
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "roctune"), name=_name(run_dir),
-                              dir=run_dir, config=config)
+    def __init__(self, run_dir: str, config: dict, start: int, *, tracker: str, project_env: str,
+                 name_key: str = "name", dir_key: str | None = None):
+        import importlib
+
+        self.m = importlib.import_module(PACKAGES[tracker][0])
+        where = {dir_key: run_dir} if dir_key else {}
+        self.m.init(project=os.environ.get(project_env, "roctune"), **{name_key: _name(run_dir)}, config=config,
+                    **where)
 
     def log(self, values: dict, step: int) -> None:
-        self.run.log(values, step=step)
+        self.m.log(values, step=step)
 
     def close(self) -> None:
-        self.run.finish()
+        self.m.finish()
 
 
 class _Mlflow:
@@ -96,37 +103,11 @@ class _Mlflow:
         self.m.end_run()
 
 
-class _Trackio:
-    def __init__(self, run_dir: str, config: dict, start: int):
-        import trackio
-
-        self.t = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "roctune"), name=_name(run_dir), config=config)
-
-    def log(self, values: dict, step: int) -> None:
-        self.t.log(values, step=step)
-
-    def close(self) -> None:
-        self.t.finish()
-
-
-class _Swanlab:
-    def __init__(self, run_dir: str, config: dict, start: int):
-        import swanlab
-
-        self.s = swanlab
-        swanlab.init(project=os.environ.get("SWANLAB_PROJECT", "roctune"), experiment_name=_name(run_dir),
-                     config=config)
-
-    def log(self, values: dict, step: int) -> None:
-        self.s.log(values, step=step)
-
-    def close(self) -> None:
-        self.s.finish()
-
-
-BACKENDS = {"tensorboard": _TensorBoard, "wandb": _Wandb, "mlflow": _Mlflow, "trackio": _Trackio,
-            "swanlab": _Swanlab}
+BACKENDS = {"tensorboard": _TensorBoard, "mlflow": _Mlflow,
+            "wandb": functools.partial(_WandbLike, tracker="wandb", project_env="WANDB_PROJECT", dir_key="dir"),
+            "trackio": functools.partial(_WandbLike, tracker="trackio", project_env="TRACKIO_PROJECT"),
+            "swanlab": functools.partial(_WandbLike, tracker="swanlab", project_env="SWANLAB_PROJECT",
+                                         name_key="experiment_name")}
 
 
 def _name(run_dir: str) -> str:

@@ -96,6 +96,22 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def split_lang(args: tuple) -> tuple[Lang | None, tuple]:
+    """A handler's inputs as (the session's `Lang`, the rest): the page passes its language state last."""
+    if args and isinstance(args[-1], Lang):
+        return args[-1], args[:-1]
+    return None, args
+
+
+def _failed(command: str, e: Exception, n_outputs: int, status_index: int):
+    """A handler's outputs after `e`: the CLI's line in the status box, every other output left as it is."""
+    import gradio as gr
+
+    out = [gr.update() for _ in range(n_outputs)]
+    out[status_index] = box(error_line(command, e), "error")
+    return tuple(out) if n_outputs > 1 else out[0]
+
+
 def guard(command: str, n_outputs: int, status_index: int = 0):
     """Wrap a handler so it runs in its session's language (a `Lang` last input, the page's language state) and a
     RoctuneError (or anything else) becomes the CLI's line in its status box."""
@@ -103,18 +119,12 @@ def guard(command: str, n_outputs: int, status_index: int = 0):
     def wrap(fn):
         @functools.wraps(fn)  # the API endpoint keeps the handler's name (/on_scrub, not /inner_4)
         def inner(*args):
-            lang = None
-            if args and isinstance(args[-1], Lang):
-                lang, args = args[-1], args[:-1]
+            lang, args = split_lang(args)
             with language(lang):
                 try:
                     return fn(*args)
                 except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
-                    import gradio as gr
-
-                    out = [gr.update() for _ in range(n_outputs)]
-                    out[status_index] = box(error_line(command, e), "error")
-                    return tuple(out) if n_outputs > 1 else out[0]
+                    return _failed(command, e, n_outputs, status_index)
 
         inner.__signature__ = with_lang(fn)
         return inner
@@ -130,9 +140,7 @@ def guard_stream(command: str, n_outputs: int, status_index: int = 0):
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args):
-            lang = None
-            if args and isinstance(args[-1], Lang):
-                lang, args = args[-1], args[:-1]
+            lang, args = split_lang(args)
             steps, failed = fn(*args), False
             while not failed:
                 with language(lang):  # never across a yield: the next step may run in another thread's context
@@ -141,11 +149,7 @@ def guard_stream(command: str, n_outputs: int, status_index: int = 0):
                     except StopIteration:
                         return
                     except Exception as e:  # noqa: BLE001 - shown on the page like the CLI would print it
-                        import gradio as gr
-
-                        failed, out = True, [gr.update() for _ in range(n_outputs)]
-                        out[status_index] = box(error_line(command, e), "error")
-                        out = tuple(out) if n_outputs > 1 else out[0]
+                        failed, out = True, _failed(command, e, n_outputs, status_index)
                 yield out
 
         inner.__signature__ = with_lang(fn)
@@ -169,9 +173,7 @@ def in_language(fn):
 
     @functools.wraps(fn)
     def inner(*args):
-        lang = None
-        if args and isinstance(args[-1], Lang):
-            lang, args = args[-1], args[:-1]
+        lang, args = split_lang(args)
         with language(lang):
             return fn(*args)
 
