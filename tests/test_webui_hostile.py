@@ -18,7 +18,6 @@ import functools
 import html
 import json
 import os
-import subprocess
 import sys
 import time
 
