@@ -292,23 +292,25 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: 
         check_model_files(path)
         check_tokenizer_file(path)
         raise
-    family = _family(path)
+    family, tied = _family(path)
     if tok.pad_token_id is None:
         _family_pad(tok, family)
-    apply_template(tok, template, family)
+    apply_template(tok, template, family, tied)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # the EOS pads where nothing better is known
     return tok
 
 
 def _family(path: str):
+    """(the family, whether its embedding is tied to the output layer) of the model in `path`."""
     from roctune.families import family_of
-    from roctune.memory.configs import load_config
+    from roctune.memory.configs import load_config, tied_embeddings
 
     try:
-        return family_of(load_config(path))
+        config = load_config(path)
+        return family_of(config), tied_embeddings(config)
     except Exception:  # noqa: BLE001 - a folder without a readable config.json (an adapter's tokenizer)
-        return None
+        return None, False
 
 
 def _family_pad(tokenizer, family) -> None:

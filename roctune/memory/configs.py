@@ -146,6 +146,16 @@ def _read_json(path: str, shown: str, model_name: str) -> dict:
     return dict(doc, _name=model_name)
 
 
+# model types whose config class ties the embedding and output layer when config.json does not say (transformers'
+# own defaults; most other classes default to untied)
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text")
+
+
+def tied_embeddings(d: dict) -> bool:
+    """Whether the model of config dict `d` (load_config) uses its embedding matrix as its output layer."""
+    return bool(d.get("tie_word_embeddings", str(d.get("model_type", "")) in TIED_BY_DEFAULT))
+
+
 def load_config(config: Any) -> dict:
     """A config as a plain dict: from a transformers PretrainedConfig, a dict, a model directory, a
     config.json or GGUF path, a hub id already in the local cache, or a built-in architecture name."""
