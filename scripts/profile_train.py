@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=3, help="steps left out of the profile (warm-up)")
     ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--compile", default="off", choices=("auto", "on", "off"))
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", help="write the table as JSON here")
@@ -56,8 +58,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="roctune-profile-") as out:
         cfg = TrainConfig(data=[args.data], output=out, model=args.model, max_steps=args.steps,
-                          batch_size=args.batch_size, grad_accum=1, max_length=args.max_length, method=args.method,
-                          device=args.device, dtype=args.dtype, attn=args.attn, overwrite=True)
+                          batch_size=args.batch_size, grad_accum=args.grad_accum, max_length=args.max_length, method=args.method,
+                          device=args.device, dtype=args.dtype, attn=args.attn, overwrite=True,
+                          compile=args.compile)
         train(cfg, log=on_log, progress=False)
     profiled = max(0, args.steps - 1 - args.skip)
     events = prof.key_averages()
