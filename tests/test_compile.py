@@ -114,18 +114,23 @@ def test_one_compile_serves_every_layer_of_a_deep_model(shortcuts):
     assert all("forward" not in layer.__dict__ for layer in compiled.decoder_layers(model))
 
 
-def test_auto_compiles_only_on_a_gpu_for_long_enough_runs():
+def test_auto_compiles_long_enough_runs_where_inductor_can_build(monkeypatch):
+    from roctune.training import compiled
     from roctune.training.compiled import AUTO_MIN_STEPS, choose_compile
 
     assert choose_compile("on", "cpu", 1).value and not choose_compile("off", "cuda", 10**6).value
+    for device in ("cpu", "cuda"):
+        short = choose_compile("auto", device, AUTO_MIN_STEPS - 1)
+        assert not short.value and "too short" in short.reason
+        assert choose_compile("auto", device, AUTO_MIN_STEPS).value
+        assert not choose_compile("auto", device, 10**6, "grpo").value  # it samples token by token (roctune.stages)
+        assert all(choose_compile("auto", device, 10**6, s).value for s in ("sft", "pt", "dpo", "kto"))
+        assert not choose_compile("auto", device, 10**6, "sft", sequence_parallel=2).value
+    assert "CPU and 200 steps" in choose_compile("auto", "cpu", AUTO_MIN_STEPS).reason
+    monkeypatch.setattr(compiled, "cpp_compiler", lambda: None)  # inductor cannot build CPU kernels: eager, and why
     cpu = choose_compile("auto", "cpu", 10**6)
-    assert not cpu.value and "CPU" in cpu.reason
-    short = choose_compile("auto", "cuda", AUTO_MIN_STEPS - 1)
-    assert not short.value and "too short" in short.reason
-    assert choose_compile("auto", "cuda", AUTO_MIN_STEPS).value
-    assert not choose_compile("auto", "cuda", 10**6, "grpo").value  # it samples token by token (roctune.stages)
-    assert all(choose_compile("auto", "cuda", 10**6, s).value for s in ("sft", "pt", "dpo", "kto"))
-    assert not choose_compile("auto", "cuda", 10**6, "sft", sequence_parallel=2).value
+    assert not cpu.value and "without a C++ compiler" in cpu.reason and "g++" in cpu.reason
+    assert choose_compile("auto", "cuda", 10**6).value  # GPU kernels are Triton's, not C++
 
 
 def test_step_sums_are_read_from_the_device_once():

@@ -19,10 +19,11 @@ class HardwareSettings:
                         group="hardware",
                 zh=("注意力实现", "注意力内核"))
     # ---- compiled layers and fused kernels (roctune.training.compiled, issue 38)
-    compile: str = setting("auto", "torch.compile the decoder layers (one compile serves every layer); auto: on a "
-                           "GPU for runs long enough to earn the compile time", choices=("auto", "on", "off"),
+    compile: str = setting("auto", "torch.compile the decoder layers (one compile serves every layer); auto: on "
+                           "for runs long enough to earn the compile time (CPU: with a C++ compiler)",
+                           choices=("auto", "on", "off"),
                            group="hardware",
-                zh=("编译", "用 torch.compile 编译解码层（一次编译供所有层使用）；auto：在 GPU 上且训练足够长时开启"))
+                zh=("编译", "用 torch.compile 编译解码层（一次编译供所有层使用）；auto：训练足够长时开启（CPU 上需要 C++ 编译器）"))
     fused_kernels: str = setting("auto", "Liger-Kernel's fused RMSNorm/RoPE/SwiGLU where the model's family opts in "
                                  "and Triton runs (a GPU, pip install 'roctune[fused]')", choices=("auto", "off"),
                                  group="hardware",
