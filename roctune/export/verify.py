@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 # Of q8_0's 0.011, 0.0033 is the weights' rounding (the same file read back by transformers); the rest is
 # llama.cpp's CPU kernels rounding the activations to 8 bits before each q8_0 product: the runtime's, not the
 # file's. The limits leave 4-5x room over those figures for other kernels and models, and still refuse a broken
-# file (a Q/K permutation left out, a lost tensor: KL of several nats).
-KL_LIMIT = {"f16": 0.01, "bf16": 0.05, "q8_0": 0.05}
+# file (a Q/K permutation left out, a lost tensor: KL of several nats). Gemma 3 270M after a 12-step identity
+# fine-tune measured q8_0 0.045: the runtime's part again, as its original Q4_K_M file with the LoRA GGUF (the very
+# weights the merged model was made from) measured 0.056 (scripts/lora_on_original.py); q8_0's limit is 0.1.
+KL_LIMIT = {"f16": 0.01, "bf16": 0.05, "q8_0": 0.1}
 KQUANT_KL_LIMIT = 0.5  # 2-6 bit weights: catches a broken file, not small drift
 N_PROMPTS = 3  # greedy answers compared (and shown)
 N_TEXTS = 8  # conversations whose every position enters the KL divergence
