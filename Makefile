@@ -86,7 +86,7 @@ PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loa
 
 test: browser
 	$(MAKE) --no-print-directory -j2 setup vllm
-	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
+	$(PY) -m pytest -q $(PYTEST_WORKERS) --durations=25 tests
 
 test-fast: setup
 	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow" tests

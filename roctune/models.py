@@ -301,8 +301,7 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: 
     return tok
 
 
-def _family(path: str):
-    """(the family, whether its embedding is tied to the output layer) of the model in `path`."""
+def _family(path: str):  # (its family, whether its embedding is tied to the output layer)
     from roctune.families import family_of
     from roctune.memory.configs import load_config, tied_embeddings
 
