@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 
 import pytest
 
@@ -132,6 +133,24 @@ def alpaca_file(tmp_path) -> str:
 IDENTITY = os.path.join(REPO, "examples", "identity.jsonl")
 
 
+def built_once(tmp_path_factory, name: str, build) -> str:
+    """The folder `name`, built by `build(folder)` once per test session, also across `make test`'s two pytest
+    workers: each worker has its own session fixtures, so a fixture used by test files on both workers trained
+    twice (30-40 s each on this machine). The first worker builds under a file lock; the other waits and reuses."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common temp folder
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build on the other worker left
+            folder.mkdir()
+            build(str(folder))
+            done.touch()
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def identity_run(tmp_path_factory, default_model_dir):
     """The bundled model taught its new name (examples/identity.jsonl, 14 steps at a high LR); (run dir, summary).
@@ -139,11 +158,17 @@ def identity_run(tmp_path_factory, default_model_dir):
     from roctune.config import TrainConfig
     from roctune.recipes import train
 
-    out = str(tmp_path_factory.mktemp("identity") / "run")
-    cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,
-                      lora_r=16, lora_alpha=32, max_length=128, device="cpu", seed=1)
-    summary = train(cfg, log=lambda s: None, progress=False)
-    return out, summary
+    def build(folder: str) -> None:
+        out = os.path.join(folder, "run")
+        cfg = TrainConfig(data=[IDENTITY], output=out, max_steps=14, batch_size=4, grad_accum=1, lr=3e-3,
+                          lora_r=16, lora_alpha=32, max_length=128, device="cpu", seed=1)
+        summary = train(cfg, log=lambda s: None, progress=False)
+        with open(os.path.join(folder, "summary.json"), "w") as f:
+            json.dump(summary, f)
+
+    folder = built_once(tmp_path_factory, "identity", build)
+    with open(os.path.join(folder, "summary.json")) as f:
+        return os.path.join(folder, "run"), json.load(f)
 
 
 @pytest.fixture(scope="session")
@@ -154,13 +179,15 @@ def agent_run(tmp_path_factory, default_model_dir) -> str:
     from roctune.config import TrainConfig
     from roctune.recipes import train
 
-    root = tmp_path_factory.mktemp("agent")
-    data = write_jsonl(root / "agent.jsonl", rows())
-    cfg = TrainConfig(data=[data], output=str(root / "agent"), max_steps=12, lr=3e-3, batch_size=2, grad_accum=1,
-                      lora_r=16, lora_alpha=32, lora_dropout=0.0, max_length=320, device="cpu", seed=1)
-    cfg.validate()
-    train(cfg, log=lambda s: None, progress=False)
-    return str(root / "agent")
+    def build(folder: str) -> None:
+        data = write_jsonl(os.path.join(folder, "agent.jsonl"), rows())
+        cfg = TrainConfig(data=[data], output=os.path.join(folder, "agent"), max_steps=12, lr=3e-3, batch_size=2,
+                          grad_accum=1, lora_r=16, lora_alpha=32, lora_dropout=0.0, max_length=320, device="cpu",
+                          seed=1)
+        cfg.validate()
+        train(cfg, log=lambda s: None, progress=False)
+
+    return os.path.join(built_once(tmp_path_factory, "agent", build), "agent")
 
 
 def run_train(cfg):
