@@ -314,10 +314,10 @@ def test_export_reads_gemma_special_tokens_without_a_stray_warning(gemma_tokeniz
 
 
 def test_lora_on_a_base_model_trains_the_template_marker_rows(gemma_base, tmp_path, capsys):
-    """--template gemma on the base: its turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks ~260,000th of 262,144
-    after an answer): LoRA alone cannot move them, so the rows of a roctune template's markers train too (peft's
-    trainable_token_indices, tied to the output layer) and survive the adapter file, loading and merge; the LoRA GGUF,
-    which cannot hold them, is refused in one line."""
+    """--template gemma on the base: its turn markers may be untrained rows (Gemma 3 270M's <end_of_turn> ranks
+    ~260,000th of 262,144 after an answer): LoRA alone cannot move them, so the rows of a roctune template's markers
+    train too (peft's trainable_token_indices, tied to the output layer) and survive the adapter file, loading and
+    merge; the LoRA GGUF, which cannot hold them, is refused in one line."""
     import torch
     from safetensors.torch import load_file
 

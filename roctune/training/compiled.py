@@ -135,7 +135,7 @@ def apply(model, setting: str, device: str, total_steps: int, method: str = "sft
         # inside it would run eager (tests/test_compile.py counts no graph), so say so instead of pretending
         return (f"compile: off (checkpointed layers: torch's checkpoint runs them with torch.compile disabled; "
                 f"{choice.reason})")
-    if setting == "auto":  # a compile roctune chose falls back to eager where dynamo or inductor fails, with its warning
+    if setting == "auto":  # a compile roctune chose falls back to eager where dynamo or inductor fails (a warning)
         import torch._dynamo
 
         torch._dynamo.config.suppress_errors = True
