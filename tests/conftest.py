@@ -20,6 +20,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# The files that take longest under `make test` (its --durations list: browser walks, vLLM servers, GGUF exports),
+# collected first: pytest-xdist hands whole files (--dist loadfile) to the two workers in collection order, and in
+# alphabetical order the web UI files came last, where one worker ran them while the other had nothing left. (Not
+# test_serve_agents.py: it waits for the agent run that test_serve_vllm.py trains, conftest.built_once.)
+HEAVY_FIRST = ("test_webui_zh.py", "test_webui.py", "test_export.py", "test_families.py", "test_grpo_vllm.py",
+               "test_serve_vllm.py", "test_export_families.py", "test_distributed.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def patient_gradio_launch():
     """Gradio's launch asks its own page once with a 3 s timeout and, on a timeout, refuses to start ("localhost is
