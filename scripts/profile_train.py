@@ -58,8 +58,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="roctune-profile-") as out:
         cfg = TrainConfig(data=[args.data], output=out, model=args.model, max_steps=args.steps,
-                          batch_size=args.batch_size, grad_accum=args.grad_accum, max_length=args.max_length, method=args.method,
-                          device=args.device, dtype=args.dtype, attn=args.attn, overwrite=True,
+                          batch_size=args.batch_size, grad_accum=args.grad_accum, max_length=args.max_length,
+                          method=args.method, device=args.device, dtype=args.dtype, attn=args.attn, overwrite=True,
                           compile=args.compile)
         train(cfg, log=on_log, progress=False)
     profiled = max(0, args.steps - 1 - args.skip)
