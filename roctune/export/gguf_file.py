@@ -351,6 +351,15 @@ def _permute(weights, n_head: int):
 EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
+def tensor_name_map(family, n_layers: int):
+    """gguf's map from transformers tensor names to llama.cpp's (model.layers.3.self_attn.q_proj -> blk.3.attn_q)
+    for the family's GGUF architecture."""
+    import gguf
+
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
+    return gguf.get_tensor_name_map(arch, n_layers)
+
+
 def _tensors(w, model_dir: str, cfg: dict, quant: str, family, spec, log) -> int:
     """Convert every tensor and hand it to the writer (`writing gguf tensor 120/272  eta 0:30`); returns the count.
     Each expert's matrices are collected and written as one [experts, rows, cols] tensor per layer and projection,
@@ -360,8 +369,7 @@ def _tensors(w, model_dir: str, cfg: dict, quant: str, family, spec, log) -> int
     import gguf
     from safetensors import safe_open
 
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
-    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
+    names = tensor_name_map(family, cfg["num_hidden_layers"])
     n_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
     if not files:

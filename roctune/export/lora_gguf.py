@@ -104,15 +104,14 @@ def write_lora_gguf(adapter: str, base_dir: str, path: str, name: str, family) -
     import gguf
     from safetensors.numpy import load_file
 
-    from roctune.export.gguf_file import _permute, read_config
+    from roctune.export.gguf_file import _permute, read_config, tensor_name_map
 
     cfg, base = check_adapter(adapter), read_config(base_dir)
     tensors = load_file(os.path.join(adapter, "adapter_model.safetensors"))
     rows = {m[1]: tensors.pop(k) for k in list(tensors) if (m := TOKEN_KEY.match(k))}
     pairs = _pairs(tensors, adapter)
     alpha = float(cfg.get("lora_alpha", 8))
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
-    names = gguf.get_tensor_name_map(arch, base["num_hidden_layers"])
+    names = tensor_name_map(family, base["num_hidden_layers"])
     w = gguf.GGUFWriter(path, family.gguf_arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_name(name)

@@ -17,23 +17,20 @@ the C API the bindings use, hence the copy.
 from __future__ import annotations
 
 import os
-import re
 
 from roctune.errors import ConfigError
-
-LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_[AB](?:\.default)?\.weight$")
+from roctune.export.lora_gguf import LORA_KEY
 
 
 def changed_matrices(adapter: str, family, n_layers: int) -> list[str]:
     """GGUF names of the matrices the adapter's LoRA pairs change (e.g. blk.3.attn_q.weight), from the adapter
     file's keys (no weights read)."""
-    import gguf
     from safetensors import safe_open
 
     from roctune import rundir
+    from roctune.export.gguf_file import tensor_name_map
 
-    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[family.gguf_arch]
-    names = gguf.get_tensor_name_map(arch, n_layers)
+    names = tensor_name_map(family, n_layers)
     with safe_open(os.path.join(adapter, rundir.ADAPTER_WEIGHTS), framework="np") as st:
         modules = sorted({m[1] for k in st.keys() if (m := LORA_KEY.match(k))})
     found = [names.get_name(m + ".weight", try_suffixes=(".weight",)) for m in modules]
