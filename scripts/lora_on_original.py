@@ -13,23 +13,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def figures(path: str, runs: list[dict], tok, lora: str | None) -> dict:
-    from roctune.export import llamacpp, verify
-
-    model = llamacpp.Model(path, lora=lora)
-    pairs, diffs, answers = [], [], []
-    try:
-        for run in runs:
-            pairs.append((run["seq_logits"], model.logits_all(run["seq"])))
-            if "text" in run:
-                logits, new = model.run(run["ids"], verify.NEW_TOKENS)
-                diffs.append(verify._diff(run["logits"], logits))
-                answers.append(verify._answer(tok, run["new"], new))
-    finally:
-        model.close()
-    return verify._figures("llama.cpp", pairs, diffs, answers)
-
-
 def main() -> int:
     from roctune.export import verify
     from roctune.merge import merge
@@ -41,7 +24,7 @@ def main() -> int:
     ref, tok = verify._load_reference(merged)
     runs = verify.reference_runs(ref, tok, verify.check_conversations(run))
     for label, adapter in (("original file alone", None), ("original file + LoRA GGUF", lora)):
-        f = figures(original, runs, tok, adapter)
+        f = verify.by_llama_cpp(original, runs, tok, lora=adapter, same_template=False)
         print(f"{label}: mean KL {f['mean_kl']:.4f} (99th percentile {f['kl_99']:.3f}), same top token "
               f"{100 * f['same_top']:.1f}% of {f['positions']} positions, greedy answers equal "
               f"{f['answers_equal']}/{len(f['answers'])}")

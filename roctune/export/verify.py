@@ -182,17 +182,20 @@ def _reference_run(ref, tok, msgs: list[dict], with_answer: bool) -> dict:
             "new": new[:cut]}
 
 
-def by_llama_cpp(path: str, runs: list[dict], tok, lora: str | None = None, repack: bool = True) -> dict:
+def by_llama_cpp(path: str, runs: list[dict], tok, lora: str | None = None, repack: bool = True,
+                 same_template: bool = True) -> dict:
     """The consumer's own check: llama.cpp loads the file, splits each rendered prompt into the same token ids
     as the merged model's tokenizer, its distributions over every position of the conversations are compared, and
     its greedy answer (to its end-of-generation token) is compared with the merged model's. `repack`: llama.cpp's
     default CPU path, which repacks quantized weights for the processor's wide kernels (AMX, AVX-512 VNNI,
-    AVX2 tiles) where it has them; False runs its plain per-block dot products (`--no-repack`)."""
+    AVX2 tiles) where it has them; False runs its plain per-block dot products (`--no-repack`). `same_template`:
+    the file must carry the tokenizer's chat template (False for a file roctune did not write, such as the
+    original GGUF a LoRA GGUF goes onto)."""
     from roctune.export import llamacpp
 
     model = llamacpp.Model(path, lora=lora, repack=repack)
     try:
-        if model.chat_template() != (tok.chat_template or None):
+        if same_template and model.chat_template() != (tok.chat_template or None):
             raise RoctuneError(f"the chat template in {os.path.basename(path)} is not the tokenizer's; not saved")
         pairs, diffs, answers = [], [], []
         for run in runs:
