@@ -40,6 +40,13 @@ class EnvironmentProblem(RoctuneError):
     exit_code = 1
 
 
+class TrainingError(RoctuneError):
+    """Training broke numerically (a loss, gradient norm or weight that is not a finite number): the run stops as
+    failed and nothing of the broken weights is saved."""
+
+    exit_code = 1
+
+
 class RewardError(RoctuneError):
     """A reward function (built-in or the user's --reward-file) failed or returned unusable values; the message
     names the function."""

@@ -85,6 +85,32 @@ def test_resuming_a_complete_run_asks_for_more_steps(tiny_model_dir, alpaca_file
     assert tree(out) == before
 
 
+def test_a_stop_during_the_final_save_is_finished_by_resume(tiny_model_dir, alpaca_file, tmp_path, capsys):
+    """Killed while the final adapter was moving in (adapter_config.json goes in last, so it is missing): --resume
+    with the same settings trains nothing again and saves the last checkpoint's weights as the final adapter."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    quiet(tiny_cfg(tiny_model_dir, alpaca_file, out, max_steps=2, save_steps=2))
+    trained = adapter(out)
+    for name in (rundir.ADAPTER_CONFIG, rundir.ADAPTER_WEIGHTS, "tokenizer.json"):
+        os.unlink(out / name)
+    rundir.write_status(str(out), "stopped")
+    code = main(["train", "--data", alpaca_file, "--output", str(out), "--model", tiny_model_dir, "--max-steps", "2",
+                 "--save-steps", "2", "--resume", "--batch-size", "2", "--grad-accum", "1", "--max-length", "64",
+                 "--lora-dropout", "0.1", "--lr-scheduler", "constant"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "finishing the final save" in printed.out + printed.err
+    assert rundir.run_state(str(out)) == "done" and rundir.final_adapter_saved(str(out))
+    assert os.path.isfile(out / "tokenizer.json")
+    ckpt = load_file(os.path.join(rundir.checkpoint_dir(str(out), 2), rundir.ADAPTER_WEIGHTS))
+    final = adapter(out)
+    assert sorted(final) == sorted(trained) and all(bool((final[k] == trained[k]).all()) for k in final)
+    assert all(bool((ckpt[k] == final[k]).all()) for k in ckpt)
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]  # nothing trained or logged again
+
+
 # ------------------------------------------------------------------------------------------ --overwrite
 def test_overwrite_swaps_in_a_complete_run(tiny_model_dir, alpaca_file, tmp_path):
     out = tmp_path / "run"

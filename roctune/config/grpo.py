@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roctune.config.schema import _number, check_number, setting
+from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, setting
 from roctune.errors import ConfigError
 
 # The choices of GRPO's settings, declared here (the settings layer sits below the engine, which imports them):
@@ -30,7 +30,8 @@ class GrpoSettings:
     top_p: float = setting(1.0, "grpo: nucleus sampling of the rollouts", gt=0, le=1, group="rl",
                 zh=("top-p", "grpo：采样回答时的核采样阈值"))
     kl_beta: float = setting(0.0, "grpo: weight of the KL penalty to the reference (TRL's beta; the reference is "
-                             "the base model, the adapter switched off: lora/qlora only)", ge=0, group="rl",
+                             "the base model, the adapter switched off: lora/qlora only)", ge=0,
+                             le=LOSS_SCALE_LIMIT, group="rl",
                 zh=("KL 系数", "grpo：到参考模型的 KL 惩罚权重（TRL 的 beta；参考模型是关闭适配器的基础模型：仅 lora/qlora）"))
     epsilon: float = setting(0.2, "grpo: clip the importance ratio below at 1 - epsilon (and above, unless "
                              "--epsilon-high)", gt=0, lt=1, group="rl",

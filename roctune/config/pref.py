@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import dataclasses
 
-from roctune.config.schema import flag, setting
+from roctune.config.schema import LOSS_SCALE_LIMIT, flag, setting
 from roctune.errors import ConfigError
 
 # Declared here because the settings layer sits below the training engine and may not import it.
@@ -16,7 +16,8 @@ SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses --label-smoothing change
 @dataclass
 class PrefSettings:
     # ---- dpo: how far the policy may move, and the loss (roctune.training.pref_losses)
-    beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0, group="model",
+    beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0,
+                          le=LOSS_SCALE_LIMIT, group="model",
                 key_aliases=("pref_beta",),
                 zh=("β 系数", "dpo、kto：策略可以偏离参考模型多远"))
     # ---- dpo's loss (roctune.training.pref_losses declares the choices and implements them)
@@ -33,6 +34,7 @@ class PrefSettings:
                 key_aliases=("dpo_label_smoothing",), resume_fixed=True,
                 zh=("标签平滑", "dpo：偏好标签被翻转的概率，取值 [0, 0.5)（“偏好损失”robust、simpo，以及 sigmoid 即保守 DPO）"))
     simpo_gamma: float = setting(0.5, "dpo: --pref-loss simpo's target reward margin (TRL's simpo_gamma)", ge=0,
+                                 le=LOSS_SCALE_LIMIT,
                                  group="model",
                 resume_fixed=True,
                 zh=("SimPO gamma", "dpo：“偏好损失”simpo 的目标奖励差距（TRL 的 simpo_gamma）"))

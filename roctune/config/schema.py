@@ -10,6 +10,11 @@ from typing import Any
 
 from roctune.errors import ConfigError
 
+# The upper bound of the settings that scale a loss or shift it (KTO's weights, DPO's beta, SimPO's gamma, GRPO's KL
+# weight; a reward model's data margins): every sensible value is a few units, a larger one only saturates the
+# loss, and one near fp32's limit (3.4e38) turns the loss into inf and the weights into NaN.
+LOSS_SCALE_LIMIT = 1e4
+
 
 def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float | None = None,
             gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,

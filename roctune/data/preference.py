@@ -105,8 +105,11 @@ def to_pair(obj: dict, where: str, src: Source | None = None) -> Pair:
 
 
 def _margin(obj: dict, where: str) -> float:
-    """The optional `margin` column as a finite number (0 when absent)."""
+    """The optional `margin` column as a finite number within +-LOSS_SCALE_LIMIT (0 when absent): reward scores
+    are a few units apart, and a margin near fp32's limit overflows the loss."""
     import math
+
+    from roctune.config.schema import LOSS_SCALE_LIMIT
 
     value = obj.get("margin")
     if value is None:
@@ -114,6 +117,9 @@ def _margin(obj: dict, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise DataError(f"{where}: field 'margin' is {value!r}; it must be a finite number (how much better "
                         "'chosen' is than 'rejected'), or leave it out")
+    if abs(value) > LOSS_SCALE_LIMIT:
+        raise DataError(f"{where}: field 'margin' is {value:g}; it must be within +-{LOSS_SCALE_LIMIT:g} (reward "
+                        "scores are a few units apart; a larger margin only overflows the loss)")
     return float(value)
 
 

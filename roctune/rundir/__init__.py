@@ -42,7 +42,7 @@ from roctune.rundir.checkpoints import (best_dir, checkpoint_dir, list_checkpoin
 from roctune.rundir.layout import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, BEST_DIR, BEST_STATE, CHECKPOINT_DONE,
                                    CHECKPOINT_PREFIX, COMPLETIONS_FILE, EVAL_DIR, LOSS_PLOT, METRICS_FILE, MODEL_CONFIG,
                                    OWN_DIRS, OWN_FILES, RUN_FILE, STATE_JSON, STATE_TENSORS, STATUS_FILE,
-                                   TENSORBOARD_DIR, foreign_entries, has_adapter, is_full_model_dir, is_run_dir,
+                                   TENSORBOARD_DIR, final_adapter_saved, foreign_entries, has_adapter, is_full_model_dir, is_run_dir,
                                    tensorboard_dir)
 from roctune.rundir.lock import (STAGING_PREFIX, claim, lock_path, locked, remove_staging, replaces_run,
                                  staging_path)

@@ -104,9 +104,11 @@ def remove_stale_temps(target: str) -> list[str]:
     return removed
 
 
-def move_files_into(src_dir: str, out_dir: str) -> None:
-    """Move every file of a finished folder into `out_dir` (each one a rename)."""
-    for name in os.listdir(src_dir):
+def move_files_into(src_dir: str, out_dir: str, last: str | None = None) -> None:
+    """Move every file of a finished folder into `out_dir` (each one a rename); `last` (a file name) goes in after
+    all the others, so its presence says the whole set arrived."""
+    names = sorted(os.listdir(src_dir), key=lambda name: name == last)
+    for name in names:
         os.replace(os.path.join(src_dir, name), os.path.join(out_dir, name))
 
 

@@ -31,6 +31,12 @@ def has_adapter(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
+def final_adapter_saved(path: str) -> bool:
+    """The run's final save completed: the final save moves adapter_config.json in last (atomic.move_files_into's
+    `last`), so a stop during the save leaves the folder without it, and --resume finishes the save."""
+    return has_adapter(path) and os.path.isfile(os.path.join(path, ADAPTER_WEIGHTS))
+
+
 def is_full_model_dir(path: str) -> bool:
     """A freeze/full run (or any model directory): config.json and weights, no adapter."""
     return os.path.isfile(os.path.join(path, MODEL_CONFIG)) and not has_adapter(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from roctune import rundir
-from roctune.errors import ConfigError
+from roctune.errors import ConfigError, TrainingError
 from roctune.training import distributed
 from roctune.training.distributed import Context
 
@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, keep: int) -> None:
     import torch
 
+    check_finite_weights(model, dist, f"checkpoint-{step}")
     rng_states = distributed.gather_objects(dist, torch.get_rng_state())
     device_rng = distributed.gather_objects(dist, device_rng_state())
     weights = distributed.full_trainable_state(model)  # None unless sharded: save_pretrained reads the model
@@ -30,6 +31,23 @@ def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, ke
         rundir.save_checkpoint(run_dir, step, lambda folder: save_weights(model, folder, weights), state, keep,
                                extra={"processes": dist.world_size})
     distributed.barrier(dist)
+
+
+def check_finite_weights(model, dist: Context, what: str) -> None:
+    """Refuse to save trainable weights that hold a NaN or an infinity (a last update that overflowed leaves a
+    finite loss behind it): the run fails instead of reporting broken weights as done. Collective: every rank
+    checks its own tensors (its shards under FSDP) and all take the same decision."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return
+    bad = torch.stack([torch.isfinite(p.detach()).all() for p in params]).logical_not().sum()
+    (bad,) = distributed.sum_numbers(dist, [float(bad)], str(params[0].device))
+    if bad:
+        raise TrainingError(f"{what}: {int(bad)} trainable tensor(s) hold NaN or infinite values; the run stopped "
+                            "as failed without saving them: lower --lr or keep --max-grad-norm on",
+                            key="not_finite_weights")
 
 
 def save_weights(model, folder: str, weights=None) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from roctune import rundir
 from roctune.errors import ConfigError, DataError
 from roctune.training import distributed
+from roctune.training.checkpoint import check_finite_weights
 from roctune.training.distributed import Context
 
 log = logging.getLogger(__name__)
@@ -218,13 +219,14 @@ def save_final(cfg, model, tokenizer, dist: Context) -> None:
     import shutil
     import tempfile
 
+    check_finite_weights(model, dist, "the final model")
     weights = distributed.full_trainable_state(model)
     if dist.is_main:
         tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
         try:
             model.save_pretrained(tmp, **({"state_dict": weights} if weights is not None else {}))
             tokenizer.save_pretrained(tmp)
-            rundir.move_files_into(tmp, cfg.output)
+            rundir.move_files_into(tmp, cfg.output, last=rundir.ADAPTER_CONFIG)  # says the save is complete
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         rundir.plot_loss(cfg.output)
