@@ -9,6 +9,7 @@ prompt the template inserts (SmolLM2 has one) becomes SYSTEM, so Ollama prompts 
 from __future__ import annotations
 
 import os
+from shlex import quote  # every path and name pasted into a shell is quoted: a file named x$(...).gguf stays a name
 
 from roctune.errors import ConfigError
 from roctune.hardware.vllm import vllm_lora_rank
@@ -174,7 +175,7 @@ def adapter_modelfile(text: str, lora_name: str, base: str, base_gguf: str | Non
     if base_gguf:
         return f"# FROM: the GGUF file the base model was converted from\nFROM {base_gguf}\nADAPTER ./{lora_name}\n{body}"
     return (f"# FROM: the GGUF of the base model ({base}), unquantized or q8_0, e.g. written by\n"
-            f"#   roctune export --adapter {base} --quant q8_0 --output base-gguf\n"
+            f"#   roctune export --adapter {quote(base)} --quant q8_0 --output base-gguf\n"
             f"FROM ./base-gguf/base-q8_0.gguf\nADAPTER ./{lora_name}\n{body}")
 
 
@@ -184,14 +185,15 @@ def lora_deploy_md(lora_name: str, name: str, base: str, base_gguf: str | None =
             f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter "
             f"alone (see roctune_export.json for its check in llama.cpp), for the GGUF file the base model was "
             f"converted from ({base_gguf}), keeping that file's own quantization.\n",
-            "## llama.cpp\n", f"```\nllama-server -m {base_gguf} --lora {lora_name} --jinja --port 8080\n```",
-            "## Ollama\n", f"```\nollama create {name} -f Modelfile\nollama run {name}\n```\n"])
+            "## llama.cpp\n", f"```\nllama-server -m {quote(base_gguf)} --lora {quote(lora_name)} --jinja --port 8080\n```",
+            "## Ollama\n", f"```\nollama create {quote(name)} -f Modelfile\nollama run {quote(name)}\n```\n"])
     return "\n".join([
         f"# Deploying the {name} adapter\n", "Written by `roctune export --format lora-gguf`: the LoRA adapter alone "
         "(see roctune_export.json for its check in llama.cpp). It needs a GGUF of the base model it was trained "
-        f"on ({base}), e.g. `roctune export --adapter {base} --quant q8_0 --output base-gguf`.\n",
-        "## llama.cpp\n", f"```\nllama-server -m base-gguf/base-q8_0.gguf --lora {lora_name} --jinja --port 8080\n```",
-        "## Ollama\n", f"```\nollama create {name} -f Modelfile\nollama run {name}\n```",
+        f"on ({base}), e.g. `roctune export --adapter {quote(base)} --quant q8_0 --output base-gguf`.\n",
+        "## llama.cpp\n",
+        f"```\nllama-server -m base-gguf/base-q8_0.gguf --lora {quote(lora_name)} --jinja --port 8080\n```",
+        "## Ollama\n", f"```\nollama create {quote(name)} -f Modelfile\nollama run {quote(name)}\n```",
         "Edit the Modelfile's FROM line to the base GGUF first.\n"])
 
 
@@ -203,21 +205,21 @@ def deploy_md(output: str, gguf_name: str, name: str, run: str, base: str, rank:
     lora = f"--max-lora-rank {vllm_rank}" if vllm_rank else ""
     parts = [f"# Deploying {name}\n", "Written by `roctune export`; the GGUF was read back and compared with the merged "
              "model (see roctune_export.json).\n",
-             "## llama.cpp\n", f"```\nllama-server -m {gguf_path} --jinja --port 8080\n```",
+             "## llama.cpp\n", f"```\nllama-server -m {quote(gguf_path)} --jinja --port 8080\n```",
              "An OpenAI-compatible API on http://localhost:8080/v1; `--jinja` uses the chat template inside the "
-             "GGUF.\n", "## Ollama\n", f"```\ncd {os.path.abspath(output)}\nollama create {name} -f Modelfile\n"
-             f"ollama run {name}\n```", "The Modelfile holds the chat TEMPLATE and the end-of-turn stop token.\n"]
+             "GGUF.\n", "## Ollama\n", f"```\ncd {quote(os.path.abspath(output))}\nollama create {quote(name)} -f "
+             f"Modelfile\nollama run {quote(name)}\n```", "The Modelfile holds the chat TEMPLATE and the end-of-turn stop token.\n"]
     if full_model:
-        parts += ["## vLLM\n", f"```\nvllm serve {run}\n```\n", "## SGLang\n",
-                  f"```\npython -m sglang.launch_server --model-path {run}\n```\n"]
+        parts += ["## vLLM\n", f"```\nvllm serve {quote(run)}\n```\n", "## SGLang\n",
+                  f"```\npython -m sglang.launch_server --model-path {quote(run)}\n```\n"]
     else:
         parts += ["## vLLM (the unmerged adapter; a GPU, or vLLM's CPU build)\n",
-                  f"```\nroctune serve --engine vllm --model {base} --adapter {name}={run}\n```",
+                  f"```\nroctune serve --engine vllm --model {quote(base)} --adapter {quote(f'{name}={run}')}\n```",
                   "roctune checks that vLLM can load the adapter, then starts vLLM's OpenAI server with it, the "
                   "chat template the run was trained with (tool calls included) and the matching tool-call parser. "
                   "`make vllm` installs vLLM's CPU build in the repository. vLLM by hand:\n",
-                  f"```\nvllm serve {base} --enable-lora --lora-modules {name}={run} {lora}\n```",
+                  f"```\nvllm serve {quote(base)} --enable-lora --lora-modules {quote(f'{name}={run}')} {lora}\n```",
                   f"Ask for model `{name}` in the OpenAI API.\n", "## SGLang (the unmerged adapter, on a GPU)\n",
-                  f"```\npython -m sglang.launch_server --model-path {base} --enable-lora "
-                  f"--lora-paths {name}={run} {lora}\n```\n"]
+                  f"```\npython -m sglang.launch_server --model-path {quote(base)} --enable-lora "
+                  f"--lora-paths {quote(f'{name}={run}')} {lora}\n```\n"]
     return "\n".join(parts)
