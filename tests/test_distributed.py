@@ -118,6 +118,57 @@ def test_two_process_resume_repeats_the_same_steps(two_proc_run, tiny_model_dir,
 
 
 @pytest.mark.slow
+def test_two_nodes_report_at_node_0_and_train_the_two_process_run(two_proc_run, tiny_model_dir, data_file, tmp_path):
+    """Two `roctune train --nnodes 2` on one machine (one process each): node 0 says whom it waits for, node 1
+    reports, then torchrun starts on the same port and they train the 2-process run's losses."""
+    import time
+
+    from roctune.hardware.network import free_port
+
+    _, ddp_out, _ = two_proc_run
+    out = tmp_path / "run"
+    args = ["--model", tiny_model_dir, "--data", data_file, "--output", str(out), "--nproc", "1", "--nnodes", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--grad-accum", "1", *COMMON]
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def node(rank):
+        return subprocess.Popen([sys.executable, "-m", "roctune", "train", *args, "--node-rank", str(rank)],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first, seen, deadline = node(0), [], time.monotonic() + 120
+    while time.monotonic() < deadline:  # node 1 starts once node 0 says it waits for it
+        seen.append(first.stdout.readline())
+        if "waiting for node(s) 1" in seen[-1] or not seen[-1]:
+            break
+    assert "node 0 of 2 (127.0.0.1:" in seen[-1] and "1 of 2 nodes here" in seen[-1], seen
+    second = node(1)
+    out1, _ = second.communicate(timeout=600)
+    out0 = "".join(seen) + first.communicate(timeout=600)[0]
+    assert first.returncode == 0 and second.returncode == 0, out0[-3000:] + out1[-3000:]
+    assert "node 1 of 2 (127.0.0.1:" in out1 and "reporting to node 0" in out1
+    assert "all 2 nodes are here; starting the processes" in out0 and "all 2 nodes are here" in out1
+    assert _losses(out) == pytest.approx(_losses(ddp_out), rel=1e-5)
+
+
+def test_a_node_alone_gives_up_after_the_rendezvous_timeout(capsys, monkeypatch, tmp_path, tiny_model_dir,
+                                                              alpaca_file):
+    """Node 0 of 2 with nobody coming: it says what it waits for and gives up with one line; nothing written."""
+    from roctune.hardware.network import free_port
+
+    _no_gpu(monkeypatch)
+    out = tmp_path / "out"
+    code = main(["train", "--model", tiny_model_dir, "--data", alpaca_file, "--output", str(out), "--device", "cpu",
+                 "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                 str(free_port()), "--rendezvous-timeout", "2"])
+    printed = capsys.readouterr()
+    lines = printed.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, printed
+    assert "node 0 of 2" in lines[0] and "node(s) 1 did not report within 2 s" in lines[0]
+    assert "waiting for node(s) 1" in printed.out
+    assert not out.exists()
+
+
+@pytest.mark.slow
 def test_fsdp_two_processes_on_cpu(two_proc_run, tiny_model_dir, data_file, tmp_path):
     """FSDP (fully_shard over gloo) trains the same adapter as the unsharded 2-process run."""
     _, ddp_out, _ = two_proc_run

@@ -371,3 +371,33 @@ def test_data_lines_longer_than_the_limit_are_one_error(tmp_path, monkeypatch):
         f.write('{"instruction": "' + "x" * 5000 + '", "output": "a"}\n')
     with pytest.raises(DataError, match=r"d.jsonl:2: longer than"):
         list(readers.iter_raw(path))
+
+
+# ------------------------------------------------------------------------------------ a run moved to another machine
+def test_adapter_config_names_the_base_as_given_and_run_yaml_keeps_the_local_path(tiny_model_dir, alpaca_file,
+                                                                                 tmp_path, monkeypatch):
+    """adapter_config.json is what plain PEFT reads on another machine: it names the base as the user gave it (here
+    a relative folder), while run.yaml keeps the absolute path roctune's own commands load."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    monkeypatch.chdir(tmp_path)
+    quiet(tiny_cfg("models/tiny", alpaca_file, tmp_path / "run", max_steps=1))
+    config = json.load(open(tmp_path / "run" / rundir.ADAPTER_CONFIG))
+    assert config["base_model_name_or_path"] == "models/tiny"
+    assert rundir.base_model(str(tmp_path / "run")) == str(tmp_path / "models" / "tiny")
+
+
+def test_portable_base_names():
+    import types
+
+    from roctune.models import DEFAULT_HUB_ID
+    from roctune.training.session import portable_base
+
+    def cfg(model, adapter=None):
+        return types.SimpleNamespace(model=model, adapter=adapter)
+
+    assert portable_base(cfg(None), "/home/u/.cache/roctune/models/SmolLM2-135M-Instruct") == DEFAULT_HUB_ID
+    assert portable_base(cfg("default"), "/x") == DEFAULT_HUB_ID
+    assert portable_base(cfg("Qwen/Qwen2.5-0.5B-Instruct"), "/cache/q") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert portable_base(cfg("~/m/base.gguf"), "/cache/models/base") == "/cache/models/base"  # PEFT loads no GGUF

@@ -26,3 +26,6 @@ class ProcessSettings:
     master_port: int = setting(0, "free TCP port on node 0 (0: 29500, or any free port on one machine)", ge=0,
                                le=65535, metavar="PORT", group="processes",
                 zh=("主节点端口", "0 号节点上空闲的 TCP 端口（0：29500，或单机时任意空闲端口）"))
+    rendezvous_timeout: int = setting(600, "seconds each node of a multi-node run waits for the others to report at "
+                                      "node 0 before it gives up", ge=1, metavar="S", group="processes",
+                zh=("等待其他节点（秒）", "多机训练时每个节点等待其他节点在 0 号节点报到的秒数，超时即放弃"))

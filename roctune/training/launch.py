@@ -63,15 +63,19 @@ def check_launch(cfg) -> str:
     return device
 
 
-def launcher_command(cfg, config_path: str) -> list[str]:
-    """The torchrun command line that starts this node's processes."""
+def master_address(cfg) -> tuple[str, int]:
+    """(address, port) of node 0: a free local port on one machine."""
     if cfg.nnodes == 1:
-        addr, port = "127.0.0.1", cfg.master_port or free_port()
-    else:
-        addr, port = cfg.master_addr, cfg.master_port or DEFAULT_MASTER_PORT
+        return "127.0.0.1", cfg.master_port or free_port()
+    return cfg.master_addr, cfg.master_port or DEFAULT_MASTER_PORT
+
+
+def launcher_command(cfg, config_path: str, address: tuple[str, int] | None = None) -> list[str]:
+    """The torchrun command line that starts this node's processes."""
+    addr, port = address or master_address(cfg)
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.nproc),
             "--nnodes", str(cfg.nnodes), "--node-rank", str(cfg.node_rank),
-            "--master-addr", addr, "--master-port", str(port),
+            "--master-addr", addr, "--master-port", str(port), "--rdzv-conf", f"timeout={cfg.rendezvous_timeout}",
             "-m", "roctune", "train", "--config", config_path] + cli_only_flags(cfg)
 
 
@@ -99,6 +103,11 @@ def launch(cfg, say=log.info) -> int:
     import yaml
 
     world = cfg.nproc * cfg.nnodes
+    address = master_address(cfg)
+    if cfg.nnodes > 1:  # every node reports at node 0 first, saying what it waits for (roctune.training.rollcall)
+        from roctune.training.rollcall import roll_call
+
+        roll_call(cfg, *address, say)
     say(f"launching {cfg.nproc} process(es) on this node ({world} in all, {cfg.nnodes} node(s))")
     from roctune.config import fields
 
@@ -112,6 +121,6 @@ def launch(cfg, say=log.info) -> int:
         if cfg.device == "cpu":
             # each process gets its share of the cores instead of torchrun's default of one thread
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.nproc)))
-        return subprocess.call(launcher_command(cfg, path), env=env)
+        return subprocess.call(launcher_command(cfg, path, address), env=env)
     finally:
         os.unlink(path)

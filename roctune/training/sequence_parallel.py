@@ -39,6 +39,8 @@ def check(cfg, model_config: dict) -> None:
     p = cfg.sequence_parallel
     if p <= 1:
         return
+    if cfg.attn != "auto":  # refused here, in the launcher, not in each worker after the model loaded
+        check_kernel(cfg.attn)
     text = model_config.get("text_config") or model_config
     heads = text.get("num_attention_heads")
     if heads and heads % p:

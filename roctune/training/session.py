@@ -213,6 +213,33 @@ def write_run_yaml(cfg, setup: Setup, n_train: int, n_eval: int, total_steps: in
     })
 
 
+def portable_base(cfg, base_model: str) -> str:
+    """The base model as the final adapter_config.json names it, so the run loads in plain PEFT on another machine:
+    the hub id or folder the user gave (--model, else what the --adapter run's adapter_config names), the bundled
+    default by its hub id; a GGUF file keeps the folder it was converted into (PEFT cannot load a GGUF). run.yaml
+    keeps the local path this machine resolved, which roctune's own commands use."""
+    from roctune.models import DEFAULT_ALIASES, DEFAULT_HUB_ID
+
+    given = cfg.model
+    if not given and cfg.adapter and rundir.has_adapter(cfg.adapter):
+        given = rundir.adapter_settings(cfg.adapter).get("base_model_name_or_path")
+    if not isinstance(given, str) or given.strip().lower() in DEFAULT_ALIASES:
+        return DEFAULT_HUB_ID
+    return base_model if given.lower().endswith(".gguf") else given
+
+
+def _name_base(folder: str, base: str) -> None:
+    import json
+
+    path = os.path.join(folder, rundir.ADAPTER_CONFIG)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        doc["base_model_name_or_path"] = base
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+
+
 def save_final(cfg, model, tokenizer, dist: Context) -> None:
     """Save the final adapter (or model) + tokenizer into the run dir (atomically, file by file) and draw
     loss.png. With several processes rank 0 writes while the others wait."""
@@ -225,6 +252,7 @@ def save_final(cfg, model, tokenizer, dist: Context) -> None:
         tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
         try:
             model.save_pretrained(tmp, **({"state_dict": weights} if weights is not None else {}))
+            _name_base(tmp, portable_base(cfg, rundir.base_model(cfg.output) or ""))
             tokenizer.save_pretrained(tmp)
             rundir.move_files_into(tmp, cfg.output, last=rundir.ADAPTER_CONFIG)  # says the save is complete
         finally:

@@ -12,7 +12,7 @@ FORM_GROUPS = ("data", "model", "training", "lora", "rl", "hardware", "run", "pr
 # --trust-remote-code for a model it is the user's decision at the command line (roctune train --reward-file).
 # Nor the settings of several machines: each node runs its own `roctune train` (the page's processes are this
 # machine's: --nproc, --fsdp, --sequence-parallel)
-PAGE_NEVER = ("reward_file", "nnodes", "node_rank", "master_addr", "master_port")
+PAGE_NEVER = ("reward_file", "nnodes", "node_rank", "master_addr", "master_port", "rendezvous_timeout")
 OPEN_GROUPS = ("data", "model", "training", "lora")
 REPEAT_LISTS = ("data", "eval_data")  # one path per line
 PATH_FIELDS = ("output", "adapter")   # resolved inside the workspace (data lists and the model too)
