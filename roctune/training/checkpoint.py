@@ -7,11 +7,13 @@ the run directory."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from roctune import rundir
-from roctune.errors import ConfigError, TrainingError
+from roctune.errors import ConfigError
 from roctune.training import distributed
 from roctune.training.distributed import Context
+from roctune.training.numerics import check_weights
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +21,7 @@ log = logging.getLogger(__name__)
 def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, keep: int) -> None:
     import torch
 
-    check_finite_weights(model, dist, f"checkpoint-{step}")
+    check_weights(model, dist, f"checkpoint-{step}")
     rng_states = distributed.gather_objects(dist, torch.get_rng_state())
     device_rng = distributed.gather_objects(dist, device_rng_state())
     weights = distributed.full_trainable_state(model)  # None unless sharded: save_pretrained reads the model
@@ -31,23 +33,6 @@ def save(run_dir: str, step: int, model, optimizer, scheduler, dist: Context, ke
         rundir.save_checkpoint(run_dir, step, lambda folder: save_weights(model, folder, weights), state, keep,
                                extra={"processes": dist.world_size})
     distributed.barrier(dist)
-
-
-def check_finite_weights(model, dist: Context, what: str) -> None:
-    """Refuse to save trainable weights that hold a NaN or an infinity (a last update that overflowed leaves a
-    finite loss behind it): the run fails instead of reporting broken weights as done. Collective: every rank
-    checks its own tensors (its shards under FSDP) and all take the same decision."""
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        return
-    bad = torch.stack([torch.isfinite(p.detach()).all() for p in params]).logical_not().sum()
-    (bad,) = distributed.sum_numbers(dist, [float(bad)], str(params[0].device))
-    if bad:
-        raise TrainingError(f"{what}: {int(bad)} trainable tensor(s) hold NaN or infinite values; the run stopped "
-                            "as failed without saving them: lower --lr or keep --max-grad-norm on",
-                            key="not_finite_weights")
 
 
 def save_weights(model, folder: str, weights=None) -> None:
@@ -101,3 +86,22 @@ def set_device_rng_state(state) -> None:
 
     if state is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state)
+
+
+def finish_interrupted_save(cfg, model, blob: dict, total: int, say) -> tuple[Any, dict]:
+    """--resume of a run that trained every step but stopped during its final save (no complete final adapter
+    beside the last checkpoint): the checkpoint holds the trained weights, so they go back into the model and the
+    recipe's save finishes the run, with nothing trained again."""
+    from peft import set_peft_model_state_dict
+
+    from roctune.rundir.metrics import is_number
+
+    set_peft_model_state_dict(model, blob["weights"])
+    say(f"resumed from step {blob['step']}: all {total} steps are trained; finishing the final save a stop "
+        "interrupted")
+    losses = [r["loss"] for r in rundir.read_metrics(cfg.output) if is_number(r.get("loss"))]
+    return model, {"steps": blob["step"], "planned_steps": total, "stopped_early": False, "saved_final": False,
+                   "best_step": None, "best_eval_loss": None, "best_value": None,
+                   "final_loss": losses[-1] if losses else float("nan"),
+                   "mean_loss": sum(losses) / len(losses) if losses else None, "tokens_per_s": 0.0, "seconds": 0.0,
+                   "output": cfg.output}

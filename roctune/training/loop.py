@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from roctune import rundir
-from roctune.errors import ConfigError, TrainingError
+from roctune.errors import ConfigError
 from roctune.progress import Progress
-from roctune.training import checkpoint, distributed
+from roctune.training import checkpoint, distributed, numerics
 from roctune.training.batching import plan_steps
 from roctune.training.distributed import Context
 from roctune.training.oom import free_memory, is_out_of_memory, out_of_memory_error
@@ -129,7 +129,7 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
         if rundir.final_adapter_saved(cfg.output):
             raise ConfigError(f"--resume: {cfg.output} has already trained {start} of the {len(steps)} steps these "
                               "settings plan; give a larger --max-steps or --epochs to continue it")
-        return _finish_interrupted_save(cfg, model, blob, len(steps), say)
+        return checkpoint.finish_interrupted_save(cfg, model, blob, len(steps), say)
     if task.before_training:
         mine = sorted({i for s in steps[start:] for mb in s[dist.dp_rank::dist.dp_size] for i in mb})
         task.before_training(model, mine)
@@ -171,23 +171,6 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
             summary["saved_final"] = summary["saved_final"] and state.best_weights is None
             say(said)
     return model, summary
-
-
-def _finish_interrupted_save(cfg, model, blob: dict, total: int, say) -> tuple[Any, dict]:
-    """--resume of a run that trained every step but stopped during its final save (no complete final adapter
-    beside the last checkpoint): the checkpoint holds the trained weights, so they go back into the model and the
-    recipe's save finishes the run, with nothing trained again."""
-    from peft import set_peft_model_state_dict
-
-    set_peft_model_state_dict(model, blob["weights"])
-    say(f"resumed from step {blob['step']}: all {total} steps are trained; finishing the final save a stop "
-        "interrupted")
-    losses = [r["loss"] for r in rundir.read_metrics(cfg.output) if rundir.metrics.is_number(r.get("loss"))]
-    return model, {"steps": blob["step"], "planned_steps": total, "stopped_early": False, "saved_final": False,
-                   "best_step": None, "best_eval_loss": None, "best_value": None,
-                   "final_loss": losses[-1] if losses else float("nan"),
-                   "mean_loss": sum(losses) / len(losses) if losses else None, "tokens_per_s": 0.0, "seconds": 0.0,
-                   "output": cfg.output}
 
 
 def _describe(cfg, setup: Setup, task: Task, dist: Context, total: int, say) -> None:
@@ -240,7 +223,7 @@ class _State:
                 lr, grad_norm = optimizer_step(self.params, optimizer, scheduler, self.cfg.max_grad_norm)
                 tokens_done, done = tokens_done + n_tok, step + 1
                 last = self.row(done, sums, norm, n_tok, lr, grad_norm, time.perf_counter() - t0)
-                check_finite(last, self.cfg)
+                numerics.check_step(last, self.cfg)
                 if self.task.eval_items and self.eval_due(done):
                     self.status("evaluating", done, total, last, t_start, start, force=True)
                     if done == total and self.save is not None:
@@ -443,22 +426,6 @@ class _State:
     def evaluate(self, model) -> dict[str, float]:
         return evaluate(model, self.task, self.cfg.batch_size, self.setup,
                         distributed.SINGLE if self.cfg.fsdp else self.dist, self.say)
-
-
-def check_finite(row: dict, cfg) -> None:
-    """A loss or gradient norm that is not a finite number (an overflow, a NaN in the data's numbers, a learning
-    rate that blew up) has already spread into the weights through this step's update, and every later step would
-    be NaN too: the run stops here as failed (status.json), the step is not logged as trained and nothing of it is
-    saved; the checkpoints written before stay. Every rank sees the same summed loss and global gradient norm,
-    so all stop together."""
-    import math
-
-    bad = next((k for k in ("loss", "grad_norm") if k in row and not math.isfinite(row[k])), None)
-    if bad is not None:
-        raise TrainingError(f"step {row['step']}: the {bad.replace('_', ' ')} is {row[bad]}, not a finite number; "
-                            f"the run stopped as failed without saving these weights: lower --lr (now "
-                            f"{cfg.lr:g}), keep --max-grad-norm on, or check the data's numbers", key="not_finite",
-                            field=bad, step=row["step"])
 
 
 def host_numbers(sums: dict) -> dict[str, float]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from roctune import rundir
 from roctune.errors import ConfigError, DataError
 from roctune.training import distributed
-from roctune.training.checkpoint import check_finite_weights
+from roctune.training.numerics import check_weights
 from roctune.training.distributed import Context
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def save_final(cfg, model, tokenizer, dist: Context) -> None:
     import shutil
     import tempfile
 
-    check_finite_weights(model, dist, "the final model")
+    check_weights(model, dist, "the final model")
     weights = distributed.full_trainable_state(model)
     if dist.is_main:
         tmp = tempfile.mkdtemp(prefix=".tmp-final-", dir=cfg.output)
