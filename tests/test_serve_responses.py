@@ -138,6 +138,15 @@ def test_response_whole_and_streamed_hold_the_same_items(scripted, client):
         assert deltas == (item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"])
     assert kinds.count("response.function_call_arguments.delta") > 2  # the arguments stream in pieces
     assert "response.content_part.added" in kinds and "response.output_text.done" in kinds
+    # parallel_tool_calls false: the first call only, streamed and whole
+    scripted[1].script.extend([(answer, "stop")] * 2)
+    events = sse_events(post(scripted, "/v1/responses", {"input": "Weather?", "tools": [WEATHER], "stream": True,
+                                                          "parallel_tool_calls": False}).text)
+    one = client.responses.create(model=MODEL, input="Weather?", tools=[WEATHER], parallel_tool_calls=False)
+    for output in (events[-1]["response"]["output"], one.model_dump()["output"]):
+        assert [i["type"] for i in output] == ["reasoning", "message", "function_call"]
+        assert json.loads(output[-1]["arguments"]) == {"city": "Paris"}
+    assert len({e["output_index"] for e in events if "output_index" in e}) == 3
 
 
 def test_chinese_conversation_continues_from_previous_response_id(scripted, client):
