@@ -111,3 +111,21 @@ def test_arguments_stream_as_they_come_and_are_the_models_text():
     # a call cut off by max_tokens keeps what was written (its finish_reason says "length")
     assert parse_answer(head + '{"city": "Par', "hermes") == (None, "", [{"name": "get_weather",
                                                                         "arguments": '{"city": "Par'}])
+
+
+def test_a_call_cut_before_its_arguments_is_dropped_only_when_max_tokens_cut_it():
+    done = TOOL_FORMATS["hermes"].render_call(CALLS[0])
+    for tail in ('\n<tool_call>\n{"na', "\n<tool_call>", "\n<tool_", '\n<tool_call>\n{"name": "now", "arguments": '):
+        text = done + tail
+        # the model ended the answer there: its text stays (content), as before
+        assert parse_answer(text, "hermes")[1] == tail.lstrip("\n")
+        # max_tokens cut it: no markup in the content, the finished call kept, whole and streamed alike
+        assert _parsed(parse_answer(text, "hermes", cut=True)) == (None, "", [CALLS[0]])
+        p = AnswerParser("hermes")
+        events = [e for i in range(len(text)) for e in p.feed(text[i])] + p.finish(cut=True)
+        assert _merged(events) == ("", "", [CALLS[0]]), tail
+    # a whole-answer format: a complete call or plain JSON survives a cut, a half-written call does not
+    assert parse_answer('{"name": "now", "parameters": {}}', "llama3_json", cut=True)[2] == [
+        {"name": "now", "arguments": "{}"}]
+    assert parse_answer('{"answer": 42}', "llama3_json", cut=True)[1] == '{"answer": 42}'
+    assert parse_answer('{"name": "now", "par', "llama3_json", cut=True) == (None, "", [])

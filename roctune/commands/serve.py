@@ -1,4 +1,4 @@
-"""`roctune serve`: an OpenAI-compatible API (chat/completions, completions, models) for a base model and
+"""`roctune serve`: an OpenAI-compatible API (chat/completions, responses, completions, models) for a base model and
 its LoRA adapters, with concurrent requests batched together. Binds to 127.0.0.1 unless --host says otherwise;
 any other address needs an API key, or --allow-no-key to serve it open on purpose. The API key comes from
 --api-key or the ROCTUNE_API_KEY environment variable; admin endpoints need it.
@@ -17,7 +17,8 @@ from roctune.hardware.choices import DEVICES, DTYPES
 
 
 # roctune's own engine's settings, which vLLM has no counterpart for: set with --engine vllm, they are refused.
-ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max_body_bytes", "threads")
+ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max_body_bytes", "max_stored_responses",
+                       "threads")
 
 
 def register(sub) -> None:
@@ -41,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=1024,
                    help="largest max_tokens a request may ask for (default 1024; larger: HTTP 422)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--max-stored-responses", type=int, default=256,
+                   help="POST /v1/responses: answers kept in memory for previous_response_id (default 256; the "
+                   "least recently used go first)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--threads", type=int, default=0,
@@ -64,7 +68,8 @@ def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: expected 0-65535")
     for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-limit", args.max_tokens_limit),
-                        ("--max-body-bytes", args.max_body_bytes)):
+                        ("--max-body-bytes", args.max_body_bytes),
+                        ("--max-stored-responses", args.max_stored_responses)):
         check_number(flag, value, ge=1)
     check_number("--threads", args.threads, ge=0)
     check_number("--batch-wait-ms", args.batch_wait_ms, ge=0, le=60_000)  # NaN and inf too: a batch must start
@@ -89,7 +94,8 @@ def run(args) -> int:
                           batch_wait_ms=args.batch_wait_ms, trust_remote_code=args.trust_remote_code,
                           template=template)
     settings = Settings(api_key=api_key, adapter_root=os.path.abspath(root) if root else None,
-                        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes)
+                        max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
+                        max_stored_responses=args.max_stored_responses)
     app = create_app(engine, settings)
     import uvicorn
 

@@ -122,6 +122,14 @@ def _held_tail(text: str, markers: list[str]) -> int:
     return hold
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _json_string(text: str) -> str | None:
     try:
         value = json.loads(text)
@@ -143,14 +151,18 @@ class AnswerParser:
         self.seen_reasoning = False
         self.call: dict | None = None  # the call whose arguments are streaming
         self.sent_args = 0
+        self.cut = False  # set by finish(cut=True): the answer was stopped by max_tokens
 
     def feed(self, delta: str) -> list[tuple]:
         self.buf += delta
         return self._run(final=False)
 
-    def finish(self) -> list[tuple]:
-        """Everything still held back: an unclosed <think> is reasoning, an unclosed call block is content unless
-        its arguments had started (a call cut off by max_tokens)."""
+    def finish(self, cut: bool = False) -> list[tuple]:
+        """Everything still held back: an unclosed <think> is reasoning; a call whose arguments had started ends
+        with what was written. An unclosed call block whose arguments had not started is content when the model
+        ended it, and dropped when `cut` (max_tokens stopped it: a call cut short, never the model's text), with
+        a tail that may have become a call marker."""
+        self.cut = cut
         return self._run(final=True)
 
     def _run(self, final: bool) -> list[tuple]:
@@ -207,8 +219,10 @@ class AnswerParser:
             text, self.buf, self.mode = self.buf[:at], self.buf[at:], "block"
             self.seen_content = self.seen_content or bool(text.strip())
             return [("content", text)]
-        keep = 0 if final or fmt is None else _held_tail(self.buf, [fmt.open])
+        keep = 0 if (final and not self.cut) or fmt is None else _held_tail(self.buf, [fmt.open])
         text, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        if final:
+            self.buf = ""  # a cut tail that may have been a call marker
         self.seen_content = self.seen_content or bool(text.strip())
         return [("content", text)] if text else None
 
@@ -229,6 +243,8 @@ class AnswerParser:
         end = close_at + len(fmt.close) if close_at >= 0 else len(self.buf)
         block, self.buf, self.mode = self.buf[:end], self.buf[end:], "content"
         call = fmt.parse_block(block.strip()) if (not fmt.close or close_at >= 0) else None
+        if call is None and self.cut and (close_at < 0 if fmt.close else not _is_json(block)):
+            return []  # a call cut short before its arguments: nothing of it is answered
         if call is None:
             self.seen_content = True
             if fmt.whole_answer:
@@ -260,10 +276,11 @@ class AnswerParser:
         return events + [("tool_call", done)]
 
 
-def parse_answer(text: str, tool_format: str | None, in_think: bool = False) -> tuple[str | None, str, list[dict]]:
-    """(reasoning or None, content, calls) of a whole generated answer."""
+def parse_answer(text: str, tool_format: str | None, in_think: bool = False,
+                 cut: bool = False) -> tuple[str | None, str, list[dict]]:
+    """(reasoning or None, content, calls) of a whole generated answer (`cut`: stopped by max_tokens)."""
     p = AnswerParser(tool_format, in_think)
-    events = p.feed(text) + p.finish()
+    events = p.feed(text) + p.finish(cut)
     reasoning = [e[1] for e in events if e[0] == "reasoning"]
     content = "".join(e[1] for e in events if e[0] == "content")
     return ("".join(reasoning) if reasoning else None), content, [e[1] for e in events if e[0] == "tool_call"]

@@ -9,8 +9,13 @@ function training uses, and answers are parsed back into reasoning_content, cont
 
 The package, by responsibility:
 - errors.py: ApiError, the OpenAI-shaped error;
-- schemas.py: request parsing and validation (fields, messages, tools, response_format), sampling settings,
-  Settings (the server's limits);
+- fields.py: which top-level fields each endpoint acts on, refuses, or accepts as changing no answer (reported in
+  the x-roctune-ignored header);
+- schemas.py: request parsing and validation (messages, tools, response_format), sampling settings, Settings
+  (the server's limits);
+- responses_schema.py, responses_output.py, responses.py: POST /v1/responses (the Responses API): its request as
+  pydantic models turned into chat turns, its output items and stream events, and the responses kept for
+  previous_response_id;
 - constrain.py: constrained decoding with llguidance (response_format, forced tool calls);
 - adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
 - decode.py: one request's decoding row (the batch tensors and sampling are roctune.decoding's, shared with

@@ -2,8 +2,10 @@
 that give every error OpenAI's shape, the API-key check and the size-limited JSON body reader.
 
 Endpoints: GET /health, GET /v1/models, GET /v1/models/{name}, POST /v1/chat/completions, POST /v1/completions,
-and (API key required) GET/POST /admin/adapters and DELETE /admin/adapters/{name}. The engine and the
-`Settings` live on `app.state`."""
+POST /v1/responses, GET /v1/responses/{id}, and (API key required) GET/POST /admin/adapters and
+DELETE /admin/adapters/{name}. The engine, the `Settings` and the responses kept for previous_response_id live on
+`app.state`. Request fields that change no answer are accepted and named in the x-roctune-ignored header
+(fields.py)."""
 
 import hmac
 import json
@@ -15,10 +17,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from roctune.serve import completions
+from roctune.serve import completions, responses
 from roctune.serve.adapters import adapter_dir_under, check_adapter_name
 from roctune.serve.errors import ApiError, model_not_found
-from roctune.serve.schemas import Settings, check_fields, parse_sampling, parse_stream
+from roctune.serve.fields import check_fields, report_ignored
+from roctune.serve.schemas import Settings, parse_sampling, parse_stream
 
 log = logging.getLogger(__name__)
 # A request nests a JSON schema (response_format, tools) a few levels into the body; 64 levels leave room for any
@@ -151,7 +154,7 @@ async def _complete(request: Request, chat: bool):
     authorize(request)
     engine, settings = request.app.state.engine, request.app.state.settings
     body = await read_json(request)
-    check_fields(body, chat)
+    ignored = check_fields(body, "chat" if chat else "text")
     adapter = completions.pick_adapter(body, engine)
     # rendering and tokenizing a long chat takes a while (about a second for 900 kB): off the event loop
     prompt = await run_in_threadpool(completions.prompt_ids, body, engine, chat, adapter)
@@ -159,9 +162,9 @@ async def _complete(request: Request, chat: bool):
     stream, include_usage = parse_stream(body)
     req, events = completions.submit(engine, prompt, adapter, sampling)
     reply = completions.Reply(chat, body["model"], len(prompt.ids), include_usage, prompt)
-    if stream:
-        return completions.streamed(req, events, reply)
-    return await completions.whole(req, events, reply)
+    response = completions.streamed(req, events, reply) if stream else await completions.whole(req, events, reply)
+    report_ignored(response, ignored, request.url.path)
+    return response
 
 
 async def chat_completions(request: Request):
@@ -170,6 +173,20 @@ async def chat_completions(request: Request):
 
 async def text_completions(request: Request):
     return await _complete(request, chat=False)
+
+
+async def create_response(request: Request):
+    authorize(request)
+    body = await read_json(request)
+    ignored = check_fields(body, "responses")
+    response = await responses.create(request, body)
+    report_ignored(response, ignored, request.url.path)
+    return response
+
+
+async def get_response(response_id: str, request: Request):
+    authorize(request)
+    return responses.retrieve(response_id, request.app.state.responses)
 
 
 async def admin_list(request: Request):
@@ -203,6 +220,8 @@ ROUTES = [
     ("GET", "/v1/models/{name}", get_model),
     ("POST", "/v1/chat/completions", chat_completions),
     ("POST", "/v1/completions", text_completions),
+    ("POST", "/v1/responses", create_response),
+    ("GET", "/v1/responses/{response_id}", get_response),
     ("GET", "/admin/adapters", admin_list),
     ("POST", "/admin/adapters", admin_load),
     ("DELETE", "/admin/adapters/{name}", admin_unload),
@@ -213,6 +232,7 @@ def create_app(engine, settings: Settings) -> FastAPI:
     """The FastAPI application serving `engine`."""
     app = FastAPI(title="roctune serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.settings = engine, settings
+    app.state.responses = responses.ResponseStore(settings.max_stored_responses)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)

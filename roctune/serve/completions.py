@@ -15,7 +15,7 @@ from roctune.data.answer_format import THINK_OPEN, AnswerParser
 from roctune.serve.constrain import json_grammar, tool_call_grammar
 from roctune.serve.decode import GenRequest
 from roctune.serve.errors import bad_field, model_not_found
-from roctune.serve.schemas import Sampling, parse_chat_options, parse_messages, parse_prompt
+from roctune.serve.schemas import ChatOptions, Sampling, parse_chat_options, parse_messages, parse_prompt
 
 
 def pick_adapter(body: dict, engine) -> str | None:
@@ -50,19 +50,25 @@ def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None) -> Pr
             raise bad_field("prompt", "the prompt is empty")
         return Prompt(ids)
     opts = parse_chat_options(body)
-    messages = parse_messages(body.get("messages"))
+    return chat_prompt(engine, adapter, body["model"], parse_messages(body.get("messages")), opts)
+
+
+def chat_prompt(engine, adapter: str | None, model: str, messages: list[dict], opts: ChatOptions,
+                fields: tuple[str, str] = ("messages", "response_format")) -> Prompt:
+    """The prompt of checked chat turns and options (shared by chat completions and responses; `fields`: the
+    request's names for the turns and the output format, for errors)."""
     fmt = engine.tool_format(adapter) if opts.tools else None
     if opts.tools and fmt is None:
-        raise bad_field("tools", f"model {body['model']!r}: its chat template writes tool calls in a format roctune "
+        raise bad_field("tools", f"model {model!r}: its chat template writes tool calls in a format roctune "
                         "cannot parse; use a model whose template writes <tool_call> blocks, or one without tools "
                         "in its template (roctune's fallback format is then used)", code="tools_unsupported")
     text = engine.render_chat(messages, opts.tools)
     ids = engine.tokenize(text)
     if not ids:
-        raise bad_field("messages", "the prompt is empty")
+        raise bad_field(fields[0], "the prompt is empty")
     constraint = None
     if opts.schema is not None:
-        constraint = engine.grammars.matcher(json_grammar(opts.schema), "response_format")
+        constraint = engine.grammars.matcher(json_grammar(opts.schema), fields[1])
     elif opts.tool_choice == "required" or opts.forced_function:
         grammar = tool_call_grammar(opts.tools, opts.forced_function, fmt, opts.parallel)
         constraint = engine.grammars.matcher(grammar, "tool_choice")
@@ -97,8 +103,8 @@ class Reply:
     def _reason(self, reason: str) -> str:
         return "tool_calls" if self.n_calls and reason != "length" else reason
 
-    def _message(self, text: str) -> dict:
-        events = self.parser.feed(text) + self.parser.finish()
+    def _message(self, text: str, cut: bool) -> dict:
+        events = self.parser.feed(text) + self.parser.finish(cut)
         calls = [e[1] for e in events if e[0] == "tool_call"][:None if self.parallel else 1]
         self.n_calls = len(calls)
         content = "".join(e[1] for e in events if e[0] == "content")
@@ -113,7 +119,7 @@ class Reply:
 
     def response(self, text: str, reason: str, n: int) -> dict:
         if self.chat:
-            message = self._message(text)
+            message = self._message(text, cut=reason == "length")
             choice = {"index": 0, "message": message, "finish_reason": self._reason(reason), "logprobs": None}
         else:
             choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
@@ -163,7 +169,7 @@ class Reply:
     def last_chunks(self, reason: str) -> list[str]:
         if not self.chat:
             return [self._sse({"index": 0, "text": "", "finish_reason": reason, "logprobs": None})]
-        out = self._event_chunks(self.parser.finish())
+        out = self._event_chunks(self.parser.finish(cut=reason == "length"))
         return out + [self._delta({}, self._reason(reason))]
 
     def usage_chunk(self, n: int) -> str:
@@ -183,8 +189,8 @@ def submit(engine, prompt: Prompt, adapter: str | None, sampling: Sampling) -> t
     return req, events
 
 
-async def whole(req: GenRequest, events: asyncio.Queue, reply: Reply) -> JSONResponse:
-    """Wait for the completion to end and answer it in one JSON response (an engine error is raised)."""
+async def collect(req: GenRequest, events: asyncio.Queue) -> tuple[str, str, int]:
+    """(text, finish reason, completion tokens) once the completion ends (an engine error is raised)."""
     parts = []
     try:
         while True:
@@ -194,10 +200,14 @@ async def whole(req: GenRequest, events: asyncio.Queue, reply: Reply) -> JSONRes
             elif ev[0] == "error":
                 raise ev[1]
             else:
-                break
+                return "".join(parts), ev[1], ev[2]
     finally:
         req.cancelled = True
-    return JSONResponse(reply.response("".join(parts), ev[1], ev[2]))
+
+
+async def whole(req: GenRequest, events: asyncio.Queue, reply: Reply) -> JSONResponse:
+    """Wait for the completion to end and answer it in one JSON response (an engine error is raised)."""
+    return JSONResponse(reply.response(*await collect(req, events)))
 
 
 async def _events_as_sse(req: GenRequest, events: asyncio.Queue, reply: Reply):
@@ -223,7 +233,10 @@ async def _events_as_sse(req: GenRequest, events: asyncio.Queue, reply: Reply):
         req.cancelled = True  # the client left early, or we are done: stop decoding this row
 
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def streamed(req: GenRequest, events: asyncio.Queue, reply: Reply) -> StreamingResponse:
     """Answer the completion as server-sent events, ending with `data: [DONE]`."""
     return StreamingResponse(_events_as_sse(req, events, reply), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers=SSE_HEADERS)

@@ -23,6 +23,7 @@ class Settings:
     adapter_root: str | None = None
     max_tokens_limit: int = 1024
     max_body_bytes: int = 1 << 20
+    max_stored_responses: int = 256  # POST /v1/responses: answers kept for previous_response_id (LRU)
 
 
 @dataclass
@@ -37,13 +38,20 @@ class Sampling:
 
 
 # ------------------------------------------------------------------------------------------- single fields
-def check_text(value: str, where: str) -> str:
-    """`value` if it is valid Unicode (encodable as UTF-8); a 400 naming `where` otherwise."""
+def text_fault(value: str) -> str | None:
+    """What makes `value` invalid Unicode (a lone surrogate, not encodable as UTF-8), or None when it is valid."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise bad_field(where, f"field '{where}' is not valid Unicode text: it holds a lone surrogate "
-                        f"({value[e.start]!r}) at character {e.start}") from None
+        return f"is not valid Unicode text: it holds a lone surrogate ({value[e.start]!r}) at character {e.start}"
+    return None
+
+
+def check_text(value: str, where: str) -> str:
+    """`value` if it is valid Unicode (encodable as UTF-8); a 400 naming `where` otherwise."""
+    fault = text_fault(value)
+    if fault:
+        raise bad_field(where, f"field '{where}' {fault}")
     return value
 
 
@@ -69,35 +77,6 @@ def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None)
                 else f">= {lo}" if lo is not None else f"<= {hi}")
         raise bad_field(key, f"field '{key}' must be an integer {span} (got {v})")
     return v
-
-
-# ------------------------------------------------------------------------------------------- which fields
-# The fields each endpoint acts on; anything else is refused (as OpenAI's API refuses an unknown argument), so a
-# client never believes an option took effect when it did not.
-COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
-                 "user"}
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
-                               "response_format"}
-TEXT_FIELDS = COMMON_FIELDS | {"prompt", "raw"}
-# Options this server does not implement, accepted only at the value that means "off"
-OFF_VALUES = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "presence_penalty": (None, 0),
-              "frequency_penalty": (None, 0), "logit_bias": (None, {}), "echo": (None, False), "best_of": (None, 1),
-              "suffix": (None, ""), "store": (None, False)}
-
-
-def check_fields(body: dict, chat: bool) -> None:
-    """A 400 naming the first field this endpoint does not know or an option it does not implement."""
-    known = CHAT_FIELDS if chat else TEXT_FIELDS
-    for key, value in body.items():
-        if key in known:
-            continue
-        off = OFF_VALUES.get(key)
-        if off is None:
-            raise bad_field(key, f"field '{key}' is not supported by this server; remove it",
-                            code="unsupported_parameter")
-        if not any(value is v or (value == v and isinstance(value, bool) == isinstance(v, bool)) for v in off):
-            raise bad_field(key, f"field '{key}' is not supported by this server (only {off[1]!r} or null is "
-                            f"accepted; got {value!r}); remove it", code="unsupported_parameter")
 
 
 # ------------------------------------------------------------------------------------------- the prompt
@@ -179,15 +158,20 @@ def parse_prompt(body: dict) -> tuple[str, bool]:
 
 
 # ----------------------------------------------------------------------------------------- sampling
-def _max_tokens(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str) -> int:
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+# the field that sets the answer's length, by endpoint (the first one a request sets)
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
+
+
+def _max_tokens(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str,
+                prompt_field: str) -> int:
+    key = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), "max_tokens")
     max_tokens = _integer(body, key, lo=1)
     if max_tokens is not None and max_tokens > settings.max_tokens_limit:
         raise ApiError(422, f"field '{key}' is {max_tokens}, over this server's limit of "
                        f"{settings.max_tokens_limit} (--max-tokens-limit)", param=key, code="max_tokens_too_large")
     room = (context - n_prompt) if context else None
     if room is not None and room < 1:
-        raise bad_field("messages", f"the prompt is {n_prompt} tokens; {model_id} holds {context}",
+        raise bad_field(prompt_field, f"the prompt is {n_prompt} tokens; {model_id} holds {context}",
                         code="context_length_exceeded")
     if max_tokens is None:
         return min(DEFAULT_MAX_TOKENS, settings.max_tokens_limit, room or DEFAULT_MAX_TOKENS)
@@ -219,13 +203,14 @@ def parse_stream(body: dict) -> tuple[bool, bool]:
     return bool(stream), bool(opts.get("include_usage"))
 
 
-def parse_sampling(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str) -> Sampling:
-    """The validated sampling settings of a request whose prompt is `n_prompt` tokens, for a model holding
-    `context` tokens (None: unknown)."""
+def parse_sampling(body: dict, settings: Settings, n_prompt: int, context: int | None, model_id: str,
+                   prompt_field: str = "messages") -> Sampling:
+    """The validated sampling settings of a request whose prompt (`prompt_field`) is `n_prompt` tokens, for a
+    model holding `context` tokens (None: unknown)."""
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, (int, float)) or n != 1):
         raise bad_field("n", f"field 'n' must be 1 (got {n!r}); send separate requests for more answers")
-    max_tokens = _max_tokens(body, settings, n_prompt, context, model_id)
+    max_tokens = _max_tokens(body, settings, n_prompt, context, model_id, prompt_field)
     stop = _stop(body)
     return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                     top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), stop=stop,
