@@ -85,13 +85,14 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> str:
     return build_tiny_llama(str(tmp_path_factory.mktemp("tiny-llama")), default_model_dir, heads=4, kv_heads=2)
 
 
-def build_tiny_llama(path: str, tokenizer_dir: str, heads: int, kv_heads: int) -> str:
-    """A 2-layer llama of hidden size 64 (head size 64 / heads) with `tokenizer_dir`'s tokenizer, saved in `path`."""
+def build_tiny_llama(path: str, tokenizer_dir: str, heads: int, kv_heads: int, hidden: int = 64) -> str:
+    """A 2-layer llama of hidden size `hidden` (head size hidden / heads) with `tokenizer_dir`'s tokenizer, saved in
+    `path`."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
                       tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                       bos_token_id=tok.bos_token_id)

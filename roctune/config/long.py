@@ -16,9 +16,10 @@ ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")  # transformers' rope_type 
 class LongSettings:
     # ---- long sequences (issue 36): one example over several processes, positions past the native context
     sequence_parallel: int = setting(1, "split each example's tokens over N processes (Ulysses: an all-to-all over "
-                                     "attention heads); N divides --nproc x --nnodes and the model's heads; the "
-                                     "other factor is data parallelism (sft)", ge=1, metavar="N", group="processes",
-                zh=("序列并行", "把每个样本的 token 分到 N 个进程（Ulysses：按注意力头做 all-to-all）；N 须整除进程总数和模型的头数；剩下的倍数是数据并行（sft）"))
+                                     "attention heads; where the heads do not divide by N, an all-gather of keys "
+                                     "and values); N divides --nproc x --nnodes; the other factor is data "
+                                     "parallelism (sft)", ge=1, metavar="N", group="processes",
+                zh=("序列并行", "把每个样本的 token 分到 N 个进程（Ulysses：按注意力头做 all-to-all；头数不能被 N 整除时改为收集所有进程的键和值）；N 须整除进程总数；剩下的倍数是数据并行（sft）"))
     truncation: str = setting("right", "an example longer than --max-length: right cuts its end, left its start "
                               "(keeps the latest turns), split makes it several examples of --max-length tokens "
                               "(documents, long answers; the prompt is not repeated) (sft)", choices=TRUNCATIONS,

@@ -39,7 +39,9 @@ def fit_tokenized(cfg, setup, dist, tokenizer, base_model: str, train_ex: list, 
     session.phase(cfg, dist, "loading")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     if dist.sp_size > 1:
-        sequence_parallel.install(model, dist.sp_group, dist.sp_size, setup.attn)
+        how = sequence_parallel.install(model, dist.sp_group, dist.sp_size, setup.attn)
+        if dist.is_main:
+            say(f"sequence parallel attention: {how}")
     session.open_output(cfg, dist)
 
     pad_id = tokenizer.pad_token_id

@@ -184,7 +184,7 @@ def _describe(cfg, setup: Setup, task: Task, dist: Context, total: int, say) -> 
         say(f"processes: {dist.world_size} ({dist.backend}; {how})")
     if dist.sp_size > 1:
         say(f"sequence parallel: {dist.dp_size} group(s) of {dist.sp_size} processes, each process keeps 1/"
-            f"{dist.sp_size} of every example's tokens (Ulysses all-to-all over attention heads)")
+            f"{dist.sp_size} of every example's tokens")
 
 
 class _State:

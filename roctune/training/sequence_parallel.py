@@ -22,6 +22,13 @@ other ranks' losses home.
 Why Ulysses and not ring attention (torch.distributed.tensor.experimental.context_parallel): ring attention
 dispatches only GPU SDPA kernels, while this must also run with CPU processes; Ulysses keeps the model's own kernel
 (flash-attn varlen included) and needs only heads divisible by P.
+
+Heads that do not divide by P (the bundled SmolLM2 has 9): each rank keeps its own T/P queries with every head and
+all-gathers the keys and values of the group instead (the Llama 3 paper's all-gather context parallelism), then
+attends causally with its queries offset by rank*T/P (`gather_kv_attention`). The all-gather's backward is a
+reduce-scatter, so every rank's key/value gradients come home as with Ulysses. It moves more data (the whole row's
+keys and values on every rank, P/2 times Ulysses' traffic on average) and the last rank does the most attention work,
+so Ulysses stays the choice wherever the heads divide.
 """
 from __future__ import annotations
 
@@ -42,12 +49,6 @@ def check(cfg, model_config: dict) -> None:
     if cfg.attn != "auto":  # refused here, in the launcher, not in each worker after the model loaded
         check_kernel(cfg.attn)
     text = model_config.get("text_config") or model_config
-    heads = text.get("num_attention_heads")
-    if heads and heads % p:
-        divisors = [d for d in range(2, heads + 1) if heads % d == 0 and d <= cfg.nproc * cfg.nnodes]
-        hint = f" (it divides by {', '.join(map(str, divisors))})" if divisors else ""
-        raise ConfigError(f"--sequence-parallel {p}: the model has {heads} attention heads, which do not divide "
-                          f"into {p} groups; choose a divisor of {heads}{hint}")
     if text.get("attn_logit_softcapping") or text.get("attention_logit_softcapping"):
         raise ConfigError(f"--sequence-parallel: this model soft-caps attention scores, which the SDPA and flash "
                           "kernels it runs cannot do here; train without --sequence-parallel")
@@ -142,6 +143,48 @@ def make_attention(group, size: int, inner: str):
     return ulysses_attention
 
 
+def _gather_tokens(x, group):
+    """[B, H, t, D] on each rank -> [B, H, size*t, D], rank r's tokens at r*t.. (the functional all-gather
+    concatenates along dim 0 and carries gradients: its backward is a reduce-scatter)."""
+    from torch.distributed._functional_collectives import all_gather_single_autograd, wait_tensor
+
+    got = wait_tensor(all_gather_single_autograd(x.permute(2, 0, 1, 3).contiguous(), 0, group))
+    return got.permute(1, 2, 0, 3)
+
+
+def make_gather_attention(group, rank: int, inner: str):
+    """The attention function for heads that do not divide by the group's size: this rank's queries (tokens
+    rank*t..) against the keys and values of tokens 0..(rank+1)*t of the whole row, causally.
+
+    The offset is made by putting rank*t zero queries in front, so the kernel's own causal mode (aligned at the
+    top left in SDPA) lines the real queries up with their keys: no [t, T] mask, which SDPA would keep per layer for
+    backward (512 MiB a layer at 16k tokens), only O(T) more; the zero queries' outputs are dropped, so their
+    gradient is zero and they add nothing to the keys' and values' gradients. The price is their compute: the last
+    of 2 ranks does 2 t^2 of attention instead of 1.5 t^2."""
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    kernel = ALL_ATTENTION_FUNCTIONS[inner]
+
+    def gather_kv_attention(module, query, key, value, attention_mask, **kwargs):
+        for name in ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
+            kwargs.pop(name, None)
+        b, h, t, d = query.shape
+        offset = rank * t  # later ranks' tokens are never attended to: their keys are not kept
+        key, value = (_gather_tokens(x, group)[:, :, :offset + t] for x in (key, value))
+        if offset:
+            query = torch.cat([query.new_zeros(b, h, offset, d), query], dim=2)
+        out = kernel(module, query, key, value, None, is_causal=True, **kwargs)[0]  # [B, offset + t, H, D]
+        return out[:, offset:].contiguous(), None  # o_proj keeps t tokens, not a view of the padded row
+
+    return gather_kv_attention
+
+
+def scheme(heads: int, size: int) -> str:
+    """How a group of `size` ranks shares attention for a model of `heads` query heads."""
+    return "ulysses" if heads % size == 0 else "all-gather"
+
+
 def check_kernel(attn: str) -> None:
     """The attention kernel chosen for this run must work without a mask (before the model loads)."""
     if attn not in INNER_KERNELS:
@@ -149,12 +192,23 @@ def check_kernel(attn: str) -> None:
                           "attention builds its causal mask for the local tokens only")
 
 
-def install(model, group, size: int, attn: str) -> None:
+def install(model, group, size: int, attn: str) -> str:
     """Make every attention layer of `model` (a transformers model, or a peft wrapper of one) run Ulysses over
-    `group`, with the kernel `attn` inside. Registered under one name per process (one group per process)."""
+    `group` (or the all-gather of keys and values where the heads do not divide by `size`), with the kernel `attn`
+    inside. Registered under one name per process (one group per process). Returns what was chosen, for the log."""
+    import torch.distributed as dist
     from transformers import AttentionInterface
 
     check_kernel(attn)
-    AttentionInterface.register(ATTENTION_NAME, make_attention(group, size, attn))
+    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+    heads = (getattr(config, "text_config", None) or config).num_attention_heads
+    how = scheme(heads, size)
+    fn = (make_attention(group, size, attn) if how == "ulysses"
+          else make_gather_attention(group, dist.get_rank(group), attn))
+    AttentionInterface.register(ATTENTION_NAME, fn)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation(ATTENTION_NAME)
+    if how == "ulysses":
+        return f"Ulysses: an all-to-all over the {heads} attention heads"
+    return (f"all-gather of keys and values ({heads} attention heads do not divide by {size}, so each process "
+            "keeps every head of its own queries)")
