@@ -165,7 +165,6 @@ def _refused(capsys, args, out):
     (["--nproc", "2", "--sequence-parallel", "2", "--stage", "dpo"], "does not support --stage dpo"),
     (["--nproc", "2", "--sequence-parallel", "2", "--fsdp"], "does not support --fsdp"),
     (["--nproc", "2", "--sequence-parallel", "2", "--packing", "on"], "does not support --packing on"),
-    (["--nproc", "3", "--sequence-parallel", "3"], "4 attention heads, which do not divide into 3 groups"),
     (["--nproc", "2", "--sequence-parallel", "2", "--attn", "eager"], "needs --attn sdpa or flash_attention_2"),
 ])
 def test_bad_sequence_parallel_settings_are_refused_before_anything_starts(capsys, monkeypatch, tmp_path,
