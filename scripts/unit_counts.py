@@ -1,21 +1,23 @@
 """Where the units' facts are spelled out, counted from the code's own syntax (issue 47's before/after counts).
 
-- methods: string literals that are a method name (lora, qlora, freeze, full) and comparisons of a `method`
-  outside the method rows (roctune/method_rows.py) and the methods' own files (roctune/methods/);
+- methods: string literals that are a method name (lora, qlora, freeze, full), comparisons with them and with lists
+  of names kept by hand, outside the method rows (roctune/method_rows.py) and the methods' own files
+  (roctune/methods/); a comparison that asks a row (`run.stage.produces != SCORER`) is not counted;
 - stages: the same for the stage names (sft, pt, dpo, kto, rm, grpo) outside the stage rows (roctune/stages.py) and
   the stages' own recipe files, rm and pt shown apart;
 - quant facts: displays (tuple, list, set, dict) holding two or more quant names, and quant names given as a default
   (a parameter's, a flag's, an `x or "q8_0"`; f16/bf16 defaults are dtypes), each a place where a fact about the
   quant types is declared;
-- vLLM facts: the places that state what vLLM can load, its LoRA rank limit, its server command line or a tool
-  parser name.
+- vLLM facts: the files that state what vLLM can load, its LoRA rank limit, its server command line or a tool
+  format's vLLM parser (and the hermes branch of the streaming parse), counted once per fact and file.
 
 Not counted: a method name used as something else (the "lora" group of flags, the doctor's "qlora" check, the
-GGUF's adapter type "lora", the doctor's check titles) and a stage name used as something else ("pt" as torch's tensor type, "grpo" as a
-GRPO loss type); they are listed in IGNORED below.
+GGUF's adapter type "lora", the doctor's check titles) and a stage name used as something else ("pt" as torch's
+tensor type, "grpo" as a GRPO loss type); they are listed in IGNORED below.
 
     python scripts/unit_counts.py          # the totals
     python scripts/unit_counts.py -v       # and every place, file:line
+    python scripts/unit_counts.py DIR      # another tree's roctune/ (e.g. main's, exported with git archive)
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import ast
 import os
 import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roctune")
+ROOT = next((a for a in sys.argv[1:] if not a.startswith("-")), None) or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "roctune")
 METHODS = {"lora", "qlora", "freeze", "full"}
 STAGES = {"sft", "pt", "dpo", "kto", "rm", "grpo"}
 QUANTS = {"f16", "bf16", "q8_0", "q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0"}
@@ -34,11 +37,14 @@ STAGE_HOME = ("stages.py", "recipes/")
 IGNORED_KEYWORDS = {"group", "framework", "return_tensors"}
 IGNORED_CALLS = {"safe_open", "add", "add_string"}  # safe_open(path, "pt"); doctor's out.add("qlora"); GGUF's type
 IGNORED_NAMES = ("GROUP_TITLES", "GROUP_TITLES_ZH", "FORM_GROUPS", "OPEN_GROUPS", "LOSS_TYPES", "CHECK_TITLES")
-# vLLM facts: (what, the names that state it)
-VLLM_FACTS = (("what vLLM can load", ("unloadable_reason", "_check_vllm_rollouts", "vllm_loadable")),
-              ("its LoRA rank limit", ("VLLM_LORA_RANKS", "vllm_lora_rank", "max_lora_rank")),
-              ("its server command line", ("SERVER_MODULE", "--enable-lora")),
-              ("tool parser names", ("TOOL_PARSERS", "vllm_parser")))
+# lists of unit names kept by hand outside the rows, which a comparison of a `method`/`stage` tests against
+HAND_LISTS = {"ADAPTER_METHODS", "METHODS", "AUTO_RECIPES"}
+# vLLM facts: (what, code that states it: the declaration, or a test of it written out again)
+VLLM_FACTS = (("what vLLM can load", ("def unloadable(", "PLAIN_INITS = (", 'lm_head|wte"', '"lm_head", "wte"')),
+              ("its LoRA rank limit", ("LORA_RANKS = (", "LORA_RANKS[-1]")),
+              ("its server command line", ('"--enable-lora"',)),
+              ("tool formats' vLLM parsers and streaming", ("TOOL_PARSERS = {", 'TOOL_FORMATS["hermes"]',
+                                                           "vllm_parser=")))
 
 
 def _files():
@@ -90,9 +96,13 @@ def named(names: set[str], home: tuple[str, ...], word: str) -> list[str]:
                 sides = [node.left, *node.comparators]
                 texts = [ast.get_source_segment(src, s) or "" for s in sides]
                 lits = [c for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant) and c.value in names]
-                about = any(word in t and "request." not in t for t in texts)
-                if about or lits:
-                    out.append(f"{rel}:{node.lineno} compares {' '.join(ast.get_source_segment(src, node).split())[:70]}")
+                lists = [s for s in sides if isinstance(s, ast.Name) and s.id in HAND_LISTS]
+                if any("loss_type" in t for t in texts):  # "grpo" as a GRPO loss type, not a stage
+                    counted.update(lits)
+                    continue
+                if lits or (lists and any(word in t for t in texts)):
+                    shown = " ".join(ast.get_source_segment(src, node).split())[:70]
+                    out.append(f"{rel}:{node.lineno} compares {shown}")
                     counted.update(lits)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in names and node not in counted \
@@ -134,11 +144,10 @@ def vllm_places() -> list[str]:
     out = []
     for rel, path in _files():
         lines = open(path, encoding="utf-8").read().splitlines()
-        for what, names in VLLM_FACTS:
-            hits = [i + 1 for i, line in enumerate(lines) if any(n in line for n in names)
-                    and not line.lstrip().startswith(("#", "\"", "'"))]
+        for what, marks in VLLM_FACTS:
+            hits = [i + 1 for i, line in enumerate(lines) if any(m in line for m in marks)]
             if hits:
-                out.append(f"{rel}:{hits[0]} {what} ({len(hits)} lines)")
+                out.append(f"{rel}:{hits[0]} {what}")
     return out
 
 

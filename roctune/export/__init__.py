@@ -32,16 +32,14 @@ def export(adapter: str, output: str, quant: str = "q8_0", name: str | None = No
     (gguf_file.TENSOR_TYPES; "auto" by the vocabulary's share of the weights)."""
     from roctune.export import deploy, gguf_file
     from roctune.export import verify as check
-    from roctune.merge import check_output, refuse_reward_model
+    from roctune.merge import check_output
     from roctune.models import gguf_source, load_tokenizer, resolve_model
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt}: unknown; choose one of {', '.join(FORMATS)}")
     gguf_file.check_quant(quant)
     gguf_file.check_tensor_types(quant if fmt == "gguf" else "f16", embedding_type, output_type)
-    if not os.path.isdir(adapter):
-        raise ConfigError(f"--adapter {adapter}: no such directory")
-    refuse_reward_model(adapter, "export")
+    rundir.refuse_scorer(rundir.open(adapter), command="export")
     check_output(adapter, output, overwrite, marker=MARKER, writer="roctune export")
     if fmt == "lora-gguf":
         from roctune.export.lora_gguf import check_adapter
