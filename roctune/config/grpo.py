@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, setting
+from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, flag, setting
 from roctune.errors import ConfigError, either
 from roctune.method_rows import METHODS, able
 from roctune.stages import STAGES
@@ -117,19 +117,15 @@ class GrpoSettings:
                               "from the policy as it is each step, and with LoRA only the small adapter is sent to "
                               f"it; with {self.method} the model's weights would be copied into vLLM every step. Use "
                               f"--method {loadable} or --rollout-engine roctune")
-        for on, name in ((self.use_dora, "--use-dora"), (self.modules_to_save, "--modules-to-save")):
-            if on:
-                raise ConfigError(f"--rollout-engine vllm: vLLM cannot load an adapter trained with {name}; drop "
-                                  f"{name} or use --rollout-engine roctune")
-        embedded = [t for t in self.target_modules if any(k in t for k in ("embed", "lm_head", "wte"))]
-        if embedded:
-            raise ConfigError(f"--rollout-engine vllm: vLLM cannot load LoRA on the embedding or output layer "
-                              f"(--target-modules {' '.join(embedded)}); drop them or use --rollout-engine roctune")
+        from roctune.hardware import vllm
+
+        found = vllm.unloadable({n: getattr(self, n) for n in ("use_dora", "modules_to_save", "target_modules")})
+        if found:  # the adapter these settings train, as vLLM would be given it each step
+            name, values, why = found
+            shown = " ".join([flag(name)] + (values or []))
+            raise ConfigError(f"--rollout-engine vllm: vLLM cannot load the adapter {shown} trains: {why}; drop "
+                              f"{flag(name)} or use --rollout-engine roctune")
         if self.nproc * self.nnodes > 1:
             raise ConfigError("--rollout-engine vllm runs one vLLM server for one training process; drop --nproc/"
                               "--nnodes or use --rollout-engine roctune")
-        from roctune.hardware.vllm import VLLM_LORA_RANKS
-
-        if self.lora_r > VLLM_LORA_RANKS[-1]:
-            raise ConfigError(f"--rollout-engine vllm: --lora-r {self.lora_r} is above vLLM's largest LoRA rank "
-                              f"({VLLM_LORA_RANKS[-1]}); lower it or use --rollout-engine roctune")
+        vllm.lora_rank(self.lora_r, "--rollout-engine vllm: --lora-r", "lower it or use --rollout-engine roctune")
