@@ -49,7 +49,7 @@ def load(run: "str | rundir.Run", device: str = "auto", dtype: str = "auto",
     from roctune.methods import load_trained_base
     from roctune.models import load_adapter, load_tokenizer, resolve_model
 
-    run = check_run(run) if isinstance(run, str) else run
+    run = check_run(run) if isinstance(run, str) else run.checked()  # its weights there, before anything loads
     dev = choose_device(device).value
     dt = choose_dtype(dtype, dev).value
     tokenizer = load_tokenizer(run.path, trust_remote_code, run.template)

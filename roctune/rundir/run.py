@@ -111,13 +111,13 @@ def open_run(path: str, what: str | None = None) -> Run:
     return Run(path, doc, method, stage, is_full_model_dir(path), what)
 
 
-def refuse_scorer(run: Run, what: str | None = None, command: str | None = None) -> Run:
+def refuse_scorer(run: Run, command: str | None = None) -> Run:
     """`run` when it produces a language model. A run that produces a scorer (its stage row: a reward model) has a
     score head and writes no text: chat, generate, serve, merge, export and train --adapter refuse it in one line
     naming the run and what to use it for."""
     if run.stage.produces != stages.SCORER:
         return run
     writes = f"; roctune {command} writes models that generate text" if command else ""
-    raise ConfigError(f"{what or f'--adapter {run.path}'}: {run.stage.produces} (--stage {run.stage.name}) scores "
+    raise ConfigError(f"{run.what}: {run.stage.produces} (--stage {run.stage.name}) scores "
                       f"answers and does not write them{writes}; use the run itself: roctune eval --adapter "
                       f"{run.path}, or --reward-model {run.path} to score GRPO's completions")
