@@ -52,6 +52,12 @@ class RewardError(RoctuneError):
     names the function."""
 
 
+def either(names) -> str:
+    """Choices as a message names them: 'lora', 'lora or qlora', 'sft, dpo or kto'."""
+    *rest, last = names
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error ends its text
 
 

@@ -2,7 +2,6 @@
 `roctune.data.render.render_prompt`, the same function training uses to build its examples."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from roctune import rundir
@@ -19,53 +18,45 @@ class Loaded:
     device: str
 
 
-def load_for_inference(adapter: str | None = None, model: str | None = None, device: str = "auto",
+def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | None = None, device: str = "auto",
                        dtype: str = "auto", trust_remote_code: bool = False, template: str | None = None) -> Loaded:
-    """Load a base model (from the adapter's run.yaml unless `model` is given) and the adapter on top.
-    The run directory of a freeze/full training holds a whole model: it is loaded as the model itself. The chat
-    template is the one the run was trained with (run.yaml), else `template`, else the model's own."""
+    """Load a base model (the run's, from run.yaml, unless `model` is given) and the run's adapter on top;
+    `adapter` is a run (rundir.open) or its folder. A run that saved a whole model (freeze/full) is loaded as the
+    model itself; a run that scores answers (a reward model) is refused. The chat template is the one the run was
+    trained with, else `template`, else the model's own; the base is loaded as its method trained on it."""
     from roctune.hardware import choose_attention, choose_device, choose_dtype
+    from roctune.methods import load_trained_base
     from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
+    run = rundir.open(adapter) if isinstance(adapter, str) else adapter
     base_name = model
-    if adapter and rundir.stage(adapter) == "rm":
-        raise RoctuneError(f"--adapter {adapter}: a reward model (--stage rm) scores answers and does not write "
-                           "them; use it with roctune eval --adapter RUN --data pairs.jsonl, or as --reward-model RUN")
-    template = (rundir.template_name(adapter) if adapter else None) or template
-    if adapter is not None and model is None:
-        if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):
-            # a freeze/full run saved the whole model: load it directly, with no adapter on top
-            base_name, adapter = adapter, None
-    if adapter is not None:
-        if not os.path.isdir(adapter):
-            raise RoctuneError(f"--adapter {adapter}: no such directory")
-        rundir.check_adapter(adapter, f"--adapter {adapter}")  # a damaged adapter fails here with one line
-        if base_name is None:
+    if run is not None:
+        rundir.refuse_scorer(run)
+        template = run.template or template
+        if run.whole_model and model is None:  # a freeze/full run saved the whole model: loaded itself, no adapter
+            base_name, run = run.path, None
+        elif run.whole_model:
+            rundir.check_adapter(run.path, run.what)  # --model BASE needs an adapter to put on it
+        else:
+            run.checked()  # a damaged adapter fails here with one line
             # trust_remote_code is never taken from run.yaml: only the caller's own flag counts
-            base_name = rundir.read_run(adapter).get("base_model")
+            base_name = base_name or run.base_model
     base = resolve_model(base_name)
     dev = choose_device(device).value
     dt = choose_dtype(dtype, dev).value
     attn = fit_attention(choose_attention("auto", dev, dt), "auto", base).value
     if attn == "flash_attention_2":
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
-    tok_source = adapter if adapter and os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-    tokenizer = load_tokenizer(tok_source, trust_remote_code, template)
-    m = None
-    if adapter is not None:
-        from roctune.methods import bitsandbytes_problem, load_4bit
-
-        if rundir.method(adapter) == "qlora" and bitsandbytes_problem(dev) is None:
-            # answer with the model as trained (4-bit base + adapter), as `roctune merge` also checks against
-            m = load_4bit(base, dt, dev, attn, trust_remote_code, rundir.rope_scaling(adapter))
-    if m is None:
-        m = load_model(base, dt, dev, attn, trust_remote_code, rundir.rope_scaling(adapter))
-    if adapter is not None:
+    tokenizer = load_tokenizer(run.tokenizer_source(base) if run else base, trust_remote_code, template)
+    if run is None:
+        m = load_model(base, dt, dev, attn, trust_remote_code)
+    else:
         from roctune.models import load_adapter
 
-        m = load_adapter(m, adapter)
+        m = load_adapter(load_trained_base(run.method, base, dt, dev, attn, trust_remote_code, run.rope_scaling),
+                         run.path)
     m.eval()
-    return Loaded(m, tokenizer, base, adapter, dev)
+    return Loaded(m, tokenizer, base, run.path if run else None, dev)
 
 
 def _sampling_kwargs(temperature: float, top_p: float) -> dict:

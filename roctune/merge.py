@@ -44,41 +44,34 @@ def check_output(adapter: str, output: str, overwrite: bool, marker: str = MARKE
                               f"replaces a previous {writer}: choose an empty or new directory")
 
 
-def refuse_reward_model(adapter: str, command: str) -> None:
-    """A --stage rm run has a scalar score head, not the language-model head that merge and export write (a merged
-    folder or GGUF would load as a text generator without its head): refused with one line before anything loads."""
-    if rundir.stage(adapter) == "rm":
-        raise ConfigError(f"--adapter {adapter}: a reward model (--stage rm) scores answers with its own head; "
-                          f"roctune {command} writes models that generate text. Use the run itself: roctune eval "
-                          f"--adapter {adapter} --data pairs.jsonl, or --reward-model {adapter} in --stage grpo")
-
-
-def merge(adapter: str, output: str, dtype: str = "fp32", overwrite: bool = False, log=print) -> dict:
+def merge(adapter: "str | rundir.Run", output: str, dtype: str = "fp32", overwrite: bool = False, log=print) -> dict:
+    """Merge the run `adapter` (a rundir.Run or its folder) into its base and save the result in `output`."""
     import torch
 
     from roctune.generate import load_for_inference
 
-    refuse_reward_model(adapter, "merge")
+    run = rundir.open(adapter) if isinstance(adapter, str) else adapter
+    rundir.refuse_scorer(run, command="merge")
+    adapter = run.path
     check_output(adapter, output, overwrite)
-    method = rundir.method(adapter) if os.path.isdir(adapter) else "lora"
-    if os.path.isdir(adapter) and rundir.is_full_model_dir(adapter):
-        raise RoctuneError(f"--adapter {adapter}: this {method} run saved a whole model, not an adapter; there is "
-                           "nothing to merge (load the directory itself with from_pretrained)")
-    if method == "qlora":
-        rundir.check_adapter(adapter, f"--adapter {adapter}")
+    if run.whole_model:
+        raise RoctuneError(f"--adapter {adapter}: this {run.method.name} run saved a whole model, not an adapter; "
+                           "there is nothing to merge (load the directory itself with from_pretrained)")
+    if run.method.quantized:
+        run.checked()  # the adapter and its weights, before anything loads
         # trained on 4-bit weights: merge into those weights dequantized to `dtype`, never into 4-bit ones,
         # and check against the model as trained (4-bit base + adapter)
         from roctune.models import load_tokenizer, resolve_model
 
-        base = resolve_model(rundir.read_run(adapter).get("base_model"))
+        base = resolve_model(run.base_model)
         trust = False  # trust_remote_code never comes from a file
-        tok_src = adapter if os.path.isfile(os.path.join(adapter, "tokenizer_config.json")) else base
-        tok = load_tokenizer(tok_src, trust, rundir.template_name(adapter))
+        tok = load_tokenizer(run.tokenizer_source(base), trust, run.template)
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
-        log(f"qlora adapter: loading {base} in 4-bit as in training, then dequantizing it to {dtype} to merge")
-        merged, before, after = dequantized_merge(adapter, base, dtype, enc, trust, log)
+        log(f"{run.method.name} adapter: loading {base} in 4-bit as in training, then dequantizing it to {dtype} to "
+            "merge")
+        merged, before, after = dequantized_merge(run, base, dtype, enc, trust, log)
     else:
-        loaded = load_for_inference(adapter=adapter, device="cpu", dtype=dtype)
+        loaded = load_for_inference(run, device="cpu", dtype=dtype)
         model, tok = loaded.model, loaded.tokenizer
         enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
         with torch.no_grad():
@@ -120,23 +113,23 @@ def merge_and_unload(model, log):
         return model.merge_and_unload()
 
 
-def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: list, trust_remote_code: bool = False,
-                      log=lambda *_: None):
+def dequantized_merge(run: "rundir.Run", base_model: str, dtype: str, prompts_enc: list,
+                      trust_remote_code: bool = False, log=lambda *_: None):
     """Merge a QLoRA adapter the way it was trained: load the base in 4-bit exactly as in training, run the
     check prompts through base+adapter, dequantize the 4-bit weights into `dtype` (never merging into 4-bit
     weights), merge the adapter there and run the prompts again. Returns (merged_model, before, after)."""
     import torch
 
     from roctune.hardware import Choice, torch_dtype
-    from roctune.methods import bitsandbytes_problem, load_4bit
+    from roctune.methods.qlora import bitsandbytes_problem, load_4bit
     from roctune.models import fit_attention, load_adapter
 
     problem = bitsandbytes_problem("cpu")
     if problem:
-        raise EnvironmentProblem(problem.replace("--method qlora", "merging a QLoRA adapter"))
+        raise EnvironmentProblem(problem.replace(f"--method {run.method.name}", "merging a QLoRA adapter"))
     attn = fit_attention(Choice("sdpa", "the CPU's kernel"), "auto", base_model).value
-    base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code, rundir.rope_scaling(adapter))
-    model = load_adapter(base4, adapter)
+    base4 = load_4bit(base_model, dtype, "cpu", attn, trust_remote_code, run.rope_scaling)
+    model = load_adapter(base4, run.path)
     model.eval()
     with torch.no_grad():
         before = [model(**e).logits.float() for e in prompts_enc]
@@ -147,7 +140,7 @@ def dequantized_merge(adapter: str, base_model: str, dtype: str, prompts_enc: li
         del base.config.quantization_config
     base.hf_quantizer = None
     base.is_quantized = False
-    merged = merge_and_unload(load_adapter(base, adapter), log)
+    merged = merge_and_unload(load_adapter(base, run.path), log)
     merged.eval()
     with torch.no_grad():
         after = [merged(**e).logits.float() for e in prompts_enc]

@@ -16,6 +16,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+# What a run of a stage is (Stage.produces), which decides who takes it: chat, generate, serve, merge, export and
+# train --adapter take a language model; a scorer (a scalar head) is refused there and used by eval and GRPO's
+# --reward-model (roctune.rundir.run.refuse_scorer).
+LANGUAGE_MODEL = "a language model"
+SCORER = "a reward model"
+# How `roctune eval` measures a run (Stage.evaluated): its answers against reference answers (a report), the loss and
+# perplexity of held-out text, or its accuracy on held-out preference pairs.
+EVALUATIONS = ("answers", "text", "pairs")
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -33,6 +42,13 @@ class Stage:
     sequence_parallel: bool = False  # --sequence-parallel N
     fsdp: bool = True  # --fsdp (GRPO samples with the whole model in each process)
     samples: bool = False  # generates token by token while training (--compile auto leaves such a stage eager)
+    produces: str = LANGUAGE_MODEL  # what its run is: LANGUAGE_MODEL or SCORER
+    evaluated: str = "answers"  # how roctune eval measures its run (EVALUATIONS)
+    shares: tuple[str, ...] = ()  # settings of another stage's section its recipe uses too (kto: dpo's --beta)
+
+    def owns(self, section) -> bool:
+        """Whether `section` (a settings class) is this stage's own (its row names it)."""
+        return self.settings == f"{section.__module__}:{section.__qualname__}"
 
     def load_reader(self):
         return _load(self.reader)
@@ -49,22 +65,25 @@ ROWS = (
           streaming=True, truncation=True, sequence_parallel=True),
     Stage("pt", "continued pretraining on raw text: .txt files or a 'text' column, packed into --max-length blocks",
           "继续预训练：原始文本，.txt 文件或 'text' 列，打包成“最大长度”长的块",
-          "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False),
+          "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False, evaluated="text"),
     Stage("dpo", "preference pairs: prompt/chosen/rejected, or LLaMA-Factory ranking data",
           "偏好对：prompt/chosen/rejected，或 LLaMA-Factory 的排序数据",
           "roctune.data.preference:load_pairs", "roctune.recipes.dpo", settings="roctune.config.pref:PrefSettings"),
     Stage("kto", "single answers marked desirable or not: label true/false, or LLaMA-Factory's kto_tag",
           "单个回答，标为好或不好：label true/false，或 LLaMA-Factory 的 kto_tag",
-          "roctune.data.kto:load_examples", "roctune.recipes.kto", settings="roctune.config.kto:KtoSettings"),
+          "roctune.data.kto:load_examples", "roctune.recipes.kto", settings="roctune.config.kto:KtoSettings",
+          shares=("beta",)),
     Stage("rm", "a reward model: one score per answer, trained on the same pairs as dpo",
           "奖励模型：给每个回答打一个分，用与 dpo 相同的偏好对训练",
-          "roctune.data.preference:load_pairs", "roctune.recipes.rm", fsdp=False),
+          "roctune.data.preference:load_pairs", "roctune.recipes.rm", fsdp=False, produces=SCORER,
+          evaluated="pairs"),
     Stage("grpo", "RL from rewards on prompts", "基于奖励的强化学习，只需提示词",
           "roctune.data.prompts:load_prompts", "roctune.recipes.grpo", fsdp=False, samples=True,
           settings="roctune.config.grpo:GrpoSettings"),
 )
 STAGES = {s.name: s for s in ROWS}
 NAMES = tuple(STAGES)
+DEFAULT = NAMES[0]  # --stage's default, and the stage of a folder that does not say (a plain PEFT adapter)
 
 # The capabilities a flag needs, for the settings' checks: (Stage field, the flag as users write it).
 CAPABILITIES = (("streaming", "--streaming"), ("truncation", "--truncation"),
@@ -80,6 +99,16 @@ def _load(spec: str):
 def able(capability: str) -> tuple[str, ...]:
     """The stages that implement `capability` (a Stage field), for messages naming where a flag works."""
     return tuple(s.name for s in ROWS if getattr(s, capability))
+
+
+def owner(section) -> str:
+    """The stage whose row names `section` (a settings class) as its own."""
+    return next(s.name for s in ROWS if s.owns(section))
+
+
+def producing(what: str) -> tuple[str, ...]:
+    """The stages whose runs are `what` (LANGUAGE_MODEL or SCORER)."""
+    return tuple(s.name for s in ROWS if s.produces == what)
 
 
 def help_text(zh: bool = False) -> str:

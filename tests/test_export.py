@@ -142,6 +142,27 @@ def test_unknown_architecture_one_error_nothing_written(tmp_path, default_model_
     assert not out.exists() and sorted(os.listdir(tmp_path)) == ["olmo-run"]
 
 
+FORMAT_STEPS = ("check_options", "check_run", "check", "write", "verify", "done")
+
+
+def test_each_format_row_names_a_unit_and_the_quant_table_drives_the_choices():
+    """Every export format is a row naming a unit with every step, offered by --format; every quant is a row whose
+    writer can write it and whose KL limit the check uses, offered by --quant's help and the web UI's list."""
+    import gguf
+
+    from roctune.cli import build_parser
+    from roctune.export import ROWS, quants, verify
+
+    export_help = build_parser()._subparsers._group_actions[0].choices["export"].format_help()
+    for row in ROWS:
+        assert all(callable(getattr(row.load(), step)) for step in FORMAT_STEPS), row.name
+        assert f"{row.name} (" in " ".join(export_help.split())
+    for q in quants.ROWS:
+        assert verify.kl_limit(q.name) == q.kl_limit > 0 and hasattr(gguf.LlamaFileType, q.file_type), q.name
+        assert q.writer == quants.LLAMA_CPP or hasattr(gguf.GGMLQuantizationType, q.tensor_type), q.name
+    assert quants.DEFAULT in quants.written_by(quants.ROCTUNE) and quants.FINEST_KQUANT in quants.NAMES
+
+
 def test_unknown_quant_one_error_nothing_written(tmp_path, tiny_model_dir, capsys):
     from roctune.cli import main
 
@@ -189,7 +210,11 @@ def test_tiny_export_overwrite_and_failed_check_writes_nothing(tmp_path, tiny_mo
     out = str(tmp_path / "tiny")
     first = export(tiny_model_dir, out, quant="f16", name="Tiny Model!", log=lambda s: None)
     assert first["gguf"] == "tiny-model-f16.gguf" and first["check"]["mean_kl"] <= verify.kl_limit("f16")
-    monkeypatch.setitem(verify.KL_LIMIT, "q8_0", 0.0)
+    from dataclasses import replace
+
+    from roctune.export import quants
+
+    monkeypatch.setitem(quants.QUANTS, "q8_0", replace(quants.QUANTS["q8_0"], kl_limit=0.0))
     with pytest.raises(RoctuneError, match=r"differs from the merged model by a mean KL divergence of .* not saved"):
         export(tiny_model_dir, out, quant="q8_0", name="tiny-model", overwrite=True, log=lambda s: None)
     assert sorted(os.listdir(out)) == ["DEPLOY.md", "Modelfile", "roctune_export.json", "tiny-model-f16.gguf"]

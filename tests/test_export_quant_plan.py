@@ -34,10 +34,12 @@ def test_tensor_types_refused_where_they_cannot_apply(tmp_path, tiny_model_dir, 
 
 
 def test_failed_check_names_the_next_option(tmp_path, tiny_model_dir, monkeypatch):
-    from roctune.errors import RoctuneError
-    from roctune.export import export, verify
+    from dataclasses import replace
 
-    monkeypatch.setattr(verify, "KQUANT_KL_LIMIT", -1.0)  # any file fails
+    from roctune.errors import RoctuneError
+    from roctune.export import export, quants
+
+    monkeypatch.setitem(quants.QUANTS, "q4_k_m", replace(quants.QUANTS["q4_k_m"], kl_limit=-1.0))  # any file fails
     with pytest.raises(RoctuneError) as e:
         export(tiny_model_dir, str(tmp_path / "out"), quant="q4_k_m", embedding_type="default",
                output_type="default", log=lambda s: None)

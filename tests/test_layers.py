@@ -10,12 +10,14 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 LAYERS = [  # top first
     ("commands", ["cli", "commands", "__main__"]),
     ("front ends", ["webui", "serve", "bench", "doctor"]),
-    ("recipes and inference", ["recipes", "generate", "decoding", "merge", "export", "eval"]),
+    ("recipes", ["recipes"]),
+    ("inference: generation, merge, export, evaluation", ["generate", "decoding", "merge", "export", "eval"]),
     ("training engine", ["training"]),
     ("models", ["models", "hub", "methods", "memory"]),
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
-    ("hardware, model-family, catalog and stage facts", ["hardware", "families", "catalog", "stages"]),
+    ("hardware, model-family, catalog, stage and method facts", ["hardware", "families", "catalog", "stages",
+                                                                 "method_rows"]),
     ("errors", ["errors", "interrupts", "progress", "strict_yaml", "__init__"]),
 ]
 RANK = {name: len(LAYERS) - i for i, (_, names) in enumerate(LAYERS) for name in names}

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import read_metrics as metrics
 from conftest import run_train as run
+from roctune import method_rows
 from roctune.config import TrainConfig
 from roctune.errors import ConfigError, EnvironmentProblem
 
@@ -24,6 +25,36 @@ def make_cfg(data, output, model, **kw) -> TrainConfig:
 def changed_keys(before: dict, after: dict) -> set[str]:
     assert set(after) <= set(before)
     return {k for k in after if not torch.equal(before[k], after[k])}
+
+
+# ------------------------------------------------------------------------------------------ the method rows
+# What each method trains on the tiny model, by parameter name (a new method adds its row here): LoRA's adapter
+# matrices, chosen decoder layers, or everything.
+TRAINS = {"lora": lambda n: "lora_" in n, "qlora": lambda n: "lora_" in n,
+          "freeze": lambda n: n.startswith("model.layers.1."), "full": lambda n: True}
+
+
+@pytest.mark.parametrize("row", method_rows.ROWS, ids=lambda r: r.name)
+def test_each_method_row_builds_what_it_says(row, tiny_model_dir, alpaca_file, tmp_path):
+    """Every row names a file whose check passes and whose build trains what the row says (an adapter on a frozen
+    base, base weights, every parameter), as its test row expects; the settings offer it, the memory estimate
+    counts it and its lighter methods exist."""
+    from types import SimpleNamespace
+
+    from roctune import methods
+    from roctune.config import METHODS
+    from roctune.memory import estimate
+
+    cfg = make_cfg(alpaca_file, tmp_path / "o", tiny_model_dir, method=row.name, freeze_trainable_layers=1)
+    methods.check(cfg.validate(), tiny_model_dir)
+    setup = SimpleNamespace(dtype="fp32", device="cpu", attn="sdpa", turn_tokens={})
+    model = methods.build_model(cfg, setup, tiny_model_dir, lambda *_: None)
+    names = [n.removeprefix("base_model.model.") for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all(TRAINS[row.name](n) for n in names), names[:5]
+    assert row.adapter == any("lora_" in n for n in names) and row.trains_base == any("lora_" not in n for n in names)
+    assert row.trains_all == all(p.requires_grad for p in model.parameters())
+    assert row.name in METHODS and set(row.lighter) <= set(method_rows.NAMES)
+    assert estimate(tiny_model_dir, method=row.name, freeze_trainable_layers=1).trainable_params > 0
 
 
 # ------------------------------------------------------------------------------------------ freeze/full
@@ -115,7 +146,7 @@ def test_target_module_aliases():
     b = config_from_args(p.parse_args(["train", "--lora-target", "all-linear"]))
     assert a.target_modules == b.target_modules == ["all-linear"]
     assert apply(TrainConfig(), {"lora_target": "q_proj,v_proj"}, "x.yaml").target_modules == ["q_proj", "v_proj"]
-    with pytest.raises(ConfigError, match="--method must be one of lora, qlora, freeze, full \\(got 'dora'\\)"):
+    with pytest.raises(ConfigError, match=f"--method must be one of {', '.join(method_rows.NAMES)} \\(got 'dora'\\)"):
         TrainConfig(data=["d"], output="o", method="dora").validate()
 
 

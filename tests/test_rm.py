@@ -242,6 +242,34 @@ def test_an_rm_run_does_not_answer(rm_run, tmp_path, capsys):
         load_for_inference(rm_run, device="cpu")
 
 
+def test_serve_and_train_adapter_refuse_an_rm_run_in_one_line(rm_run, tmp_path, capsys):
+    """serve (its --adapter specs and the admin endpoint's load) and train --adapter take a run that writes text:
+    an rm run is refused in one line naming it, before any model loads; an rm run does not start an SFT run."""
+    from roctune.serve import parse_adapter_specs
+    from roctune.serve.adapters import AdapterStack
+    from roctune.serve.errors import ApiError
+
+    with pytest.raises(ConfigError, match=r"--adapter 'rw=.*': a reward model \(--stage rm\) scores answers"):
+        parse_adapter_specs([f"rw={rm_run}"])
+    with pytest.raises(ApiError) as e:
+        AdapterStack(None, "base", "base").load("rw", rm_run)
+    assert e.value.status == 400 and "a reward model (--stage rm)" in e.value.message
+    data = write_jsonl(tmp_path / "sft.jsonl", [{"instruction": "Q", "output": "A"}] * 4)
+    out = tmp_path / "sft"
+    code, err = cli(["--data", data, "--output", str(out), "--adapter", rm_run, "--max-steps", "1"], capsys)
+    assert code == 2 and len(err) == 1 and f"--adapter {rm_run}: a reward model (--stage rm)" in err[0], err
+    assert "roctune train --stage sft writes models that generate text" in err[0] and not out.exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--beta", "0.2"), ("--kl-beta", "0.1"), ("--num-generations", "4")])
+def test_a_setting_rm_does_not_use_is_refused_naming_the_stages_that_do(tmp_path, capsys, flag, value):
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(4))
+    code, err = cli(["--stage", "rm", "--data", data, "--output", str(tmp_path / "run"), flag, value], capsys)
+    users = {"--beta": "--stage dpo or kto"}.get(flag, "--stage grpo")
+    assert code == 2 and len(err) == 1 and err[0].split(": error: ")[1].startswith(flag), err
+    assert f"{users}; drop it for --stage rm" in err[0] and not (tmp_path / "run").exists()
+
+
 def test_merge_and_export_refuse_an_rm_run_before_loading(rm_run, tmp_path, capsys, monkeypatch):
     """A reward model has a score head, not a language-model head: merge and export say so in one line, naming
     the run and what to use instead, before any model loads; nothing is written."""

@@ -51,13 +51,14 @@ def run_rewards(args) -> int:
     from roctune.eval import rewards as rw
     from roctune.eval.rewarded import evaluate_rewards
     from roctune.generate import load_for_inference
+    from roctune.stages import owner
 
     for flag in ("output", "tasks", "limit"):  # the comparison report's options: refused, not silently ignored
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag} belongs to the comparison of answers; with --reward/--reward-file eval prints "
                               f"the mean rewards (--json for a machine-readable result): drop --{flag}")
     cfg = config.from_sources(flags={n: getattr(args, n) for n in REWARD_SETTINGS if hasattr(args, n)})
-    cfg.stage, cfg.max_completion_length, cfg.device = "grpo", args.max_new_tokens, args.device
+    cfg.stage, cfg.max_completion_length, cfg.device = owner(GrpoSettings), args.max_new_tokens, args.device
     GrpoSettings.check(cfg)
     rw.build(cfg, cfg.reward_file)  # the rewards and the prompts are checked before the model loads
     rw.check_columns(cfg, load_prompts(args.data))
@@ -73,16 +74,14 @@ def run_rewards(args) -> int:
     return 0
 
 
-def run_text(args) -> int:
-    """A --stage pt run: loss and perplexity of held-out text (--data: .txt files or a text column), base vs
-    fine-tuned, in the run's --max-length blocks."""
+def run_text(args, run) -> int:
+    """A run evaluated on text (continued pretraining): loss and perplexity of held-out text (--data: .txt files or
+    a text column), base vs fine-tuned, in the run's --max-length blocks."""
     from roctune.eval import text
 
-    _refuse_report_flags(args, "a --stage pt run, whose eval is the held-out text's loss and perplexity")
-    _check(args)
-    docs, max_length = text.prepare(args.data, args.adapter, args.max_length)
+    docs, max_length = text.prepare(args.data, run, args.max_length)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    result = text.evaluate(args.adapter, docs, max_length, say, args.model, device=args.device, dtype=args.dtype,
+    result = text.evaluate(run, docs, max_length, say, args.model, device=args.device, dtype=args.dtype,
                            trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps(result))
@@ -93,43 +92,12 @@ def run_text(args) -> int:
     return 0
 
 
-def _refuse_report_flags(args, what: str) -> None:
-    """The comparison report's options (--output, --tasks, --limit) on a run whose eval prints other numbers:
-    refused in one line, not silently ignored."""
-    from roctune.errors import ConfigError
-
-    for flag in ("output", "tasks", "limit"):
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag}: {args.adapter} is {what} (printed; --json for a machine-readable result): "
-                              f"drop --{flag}")
-
-
-def _check(args) -> str | None:
-    """Flag values; returns the report folder (None: no report)."""
-    from roctune import rundir
-    from roctune.errors import ConfigError
-    from roctune.eval import report
-
-    for name in ("max_new_tokens", "max_length", "batch_size", "limit"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (got {value})")
-    if not os.path.isdir(args.adapter):
-        raise ConfigError(f"--adapter {args.adapter}: no such directory")
-    out = args.output or (os.path.join(args.adapter, rundir.EVAL_DIR) if rundir.is_run_dir(args.adapter) else None)
-    if out:
-        report.check_output(out)
-    return out
-
-
-def run_pairs(args) -> int:
-    """A --stage rm run: pairwise accuracy of the reward model on held-out preference pairs (--data)."""
+def run_pairs(args, run) -> int:
+    """A reward model's run: its pairwise accuracy on held-out preference pairs (--data)."""
     from roctune.eval.reward_model import pairwise
 
-    _refuse_report_flags(args, "a --stage rm run, whose eval is its accuracy on held-out preference pairs")
-    _check(args)
     say = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    result = pairwise(args.adapter, args.data, say, args.batch_size, args.max_length, device=args.device,
+    result = pairwise(run, args.data, say, args.batch_size, args.max_length, device=args.device,
                       dtype=args.dtype, trust_remote_code=args.trust_remote_code)
     if args.json:
         print(json.dumps(result))
@@ -140,21 +108,16 @@ def run_pairs(args) -> int:
     return 0
 
 
-def run(args) -> int:
-    if getattr(args, "rewards", None) or getattr(args, "reward_file", None) or getattr(args, "reward_model", None):
-        return run_rewards(args)
-    from roctune.eval.reward_model import is_rm_run
-    from roctune.eval.text import is_text_run
-
-    if os.path.isdir(args.adapter) and is_text_run(args.adapter):
-        return run_text(args)
-    if os.path.isdir(args.adapter) and is_rm_run(args.adapter):
-        return run_pairs(args)
+def run_answers(args, run) -> int:
+    """The fine-tune's answers against the reference answers, base vs tuned: a report (and --tasks)."""
+    from roctune import rundir
     from roctune.eval import report
     from roctune.eval.run import Options, evaluate, prepare
 
-    out = _check(args)
-    opts = Options(args.adapter, args.data, args.model, args.max_new_tokens, args.max_length, args.batch_size,
+    out = args.output or (os.path.join(run.path, rundir.EVAL_DIR) if run.is_run else None)
+    if out:
+        report.check_output(out)
+    opts = Options(run, args.data, args.model, args.max_new_tokens, args.max_length, args.batch_size,
                    args.device, args.dtype, args.trust_remote_code, args.tasks, args.limit)
     records, max_length, tasks = prepare(opts)
     # with --json, stdout carries the JSON alone: progress goes to stderr
@@ -169,6 +132,31 @@ def run(args) -> int:
     else:
         _table(summary)
     return 0
+
+
+# How a run is evaluated, by its stage row's `evaluated` (roctune.stages.EVALUATIONS): the function, and for those that
+# print their own numbers what they measure (the comparison report's --output, --tasks and --limit are refused there).
+EVALUATIONS = {"answers": (run_answers, None), "text": (run_text, "the held-out text's loss and perplexity"),
+               "pairs": (run_pairs, "its accuracy on held-out preference pairs")}
+
+
+def run(args) -> int:
+    if getattr(args, "rewards", None) or getattr(args, "reward_file", None) or getattr(args, "reward_model", None):
+        return run_rewards(args)
+    from roctune import rundir
+    from roctune.errors import ConfigError
+
+    for name in ("max_new_tokens", "max_length", "batch_size", "limit"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 (got {value})")
+    run_ = rundir.open(args.adapter)
+    evaluate, measures = EVALUATIONS[run_.stage.evaluated]
+    for flag in ("output", "tasks", "limit") if measures else ():  # refused, not silently ignored
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag}: {args.adapter} is a --stage {run_.stage.name} run, whose eval is {measures} "
+                              f"(printed; --json for a machine-readable result): drop --{flag}")
+    return evaluate(args, run_)
 
 
 def _table(summary: dict) -> None:

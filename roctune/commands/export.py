@@ -3,18 +3,18 @@ run in llama.cpp and compared with the merged model), or its LoRA adapter alone 
 vLLM and SGLang."""
 from __future__ import annotations
 
+from roctune.export import ROWS, quants
+
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="export a run as GGUF (llama.cpp, Ollama) with a deploy recipe",
                        description=__doc__)
     p.add_argument("--adapter", required=True, metavar="DIR", help="run directory from roctune train")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the .gguf, Modelfile and DEPLOY.md")
-    p.add_argument("--format", default="gguf", metavar="FORMAT",
-                   help="gguf (the merged model) or lora-gguf (the adapter alone, for llama-server --lora and "
-                        "Ollama's ADAPTER, beside a GGUF of the base model)")
-    p.add_argument("--quant", metavar="TYPE",
-                   help="f16, bf16, q8_0 (default; written by roctune); q4_k_m, q5_k_m, q6_k, ... (llama.cpp's "
-                        "quantizer: pip install 'roctune[gguf]'); --format gguf only")
+    p.add_argument("--format", default=ROWS[0].name, metavar="FORMAT",
+                   help=" or ".join(f"{f.name} ({f.help})" for f in ROWS))
+    p.add_argument("--quant", metavar="TYPE", help=f"{quants.help_text()}; --format "
+                   f"{', '.join(f.name for f in ROWS if f.quant)} only")
     p.add_argument("--embedding-type", default="auto", metavar="TYPE",
                    help="token embedding type in a llama.cpp quant: auto (q8_0 when the vocabulary is a large share "
                         "of the weights, else llama.cpp's choice), q8_0, q6_k, f16 or default (llama.cpp's choice)")
@@ -29,12 +29,14 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from roctune.errors import ConfigError
-    from roctune.export import export
+    from roctune.export import FORMATS, export
 
-    if args.format == "lora-gguf" and args.quant is not None:  # said, not silently dropped
-        raise ConfigError(f"--quant {args.quant}: a LoRA GGUF is written in f32 (llama.cpp applies it to a base GGUF "
-                          f"of any type); drop --quant, or export the merged model: --format gguf --quant {args.quant}")
-    export(args.adapter, args.output, quant=args.quant or "q8_0", name=args.name, fmt=args.format,
+    if args.quant is not None and args.format in FORMATS and not FORMATS[args.format].quant:  # said, not dropped
+        takes = [f.name for f in ROWS if f.quant]
+        raise ConfigError(f"--quant {args.quant}: --format {args.format} is written in f32 (llama.cpp applies it to a "
+                          f"base GGUF of any type); drop --quant, or export the merged model: --format {takes[0]} "
+                          f"--quant {args.quant}")
+    export(args.adapter, args.output, quant=args.quant or quants.DEFAULT, name=args.name, fmt=args.format,
            verify=not args.no_verify, overwrite=args.overwrite, embedding_type=args.embedding_type,
            output_type=args.output_type)
     return 0

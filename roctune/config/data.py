@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune import stages
 from roctune.config.schema import setting
+from roctune.errors import ConfigError
 
 
 @dataclass
@@ -43,3 +45,21 @@ class DataSettings:
     streaming: bool = setting(False, "read and tokenize the data a chunk at a time straight into the on-disk cache "
                               "and train from it memory-mapped: for datasets larger than memory (sft)", group="data",
                 zh=("流式读取", "分块读取并分词，直接写入磁盘缓存，训练时内存映射读取：用于比内存还大的数据集（sft）"))
+
+    def check(self) -> None:
+        """Data and an output folder given; --streaming's cache; the chat settings on a stage that learns raw text."""
+        if not self.data:
+            raise ConfigError("no training data: pass --data FILE (alpaca, messages, sharegpt or prompt/completion "
+                              "JSON/JSONL)", key="no_data", field="data")
+        if not self.output:
+            raise ConfigError("no output directory: pass --output DIR", key="no_output", field="output")
+        if self.streaming and not self.data_cache:
+            raise ConfigError("--streaming tokenizes into the data cache; drop --no-data-cache (or --streaming)")
+        if stages.STAGES[self.stage].chat:
+            return
+        for on, name in ((self.template is not None, f"--template {self.template}"),
+                         (not self.learn_reasoning, "--no-learn-reasoning"),
+                         (self.empty_think != "learn", f"--empty-think {self.empty_think}")):
+            if on:  # a stage that learns raw text (its row: chat False): nothing for them to act on
+                raise ConfigError(f"{name} acts on chat conversations; --stage {self.stage} learns raw text "
+                                  f"without a chat template: drop {name.split()[0]}")

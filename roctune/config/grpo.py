@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, setting
-from roctune.errors import ConfigError
+from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, flag, setting
+from roctune.errors import ConfigError, either
+from roctune.method_rows import METHODS, able
+from roctune.stages import STAGES
 
 # The choices of GRPO's settings, declared here (the settings layer sits below the engine, which imports them):
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")  # roctune.training.grpo_loss
@@ -16,6 +18,7 @@ ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_
 
 @dataclass
 class GrpoSettings:
+    DOES = "is a setting of GRPO: use it with"  # for the refusal on another stage (config/model.py)
     # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
     num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
                                    ge=2, le=1024, group="rl",
@@ -63,7 +66,7 @@ class GrpoSettings:
                 zh=("奖励函数文件", "grpo：你自己的奖励函数（TRL 约定），FILE.py 或 FILE.py:NAME,…（会在本机运行的代码：只能在命令行指定）"))
     reward_model: str | None = setting(None, "grpo: a reward model (the run directory of a --stage rm training) "
                                        "whose score of each completion is one more reward", metavar="RUN",
-                                       group="rl",
+                                       group="rl", does="scores GRPO's completions: use it with",
                 zh=("奖励模型", "grpo：奖励模型（“训练阶段”为 rm 的运行目录），它给每个回答的分数作为又一个奖励"))
     answer_column: str = setting("answer", "grpo: the data column the answer reward compares with", group="rl",
                 zh=("答案列", "grpo：answer 奖励用来比较的数据列"))
@@ -80,18 +83,13 @@ class GrpoSettings:
                                   "in this process) or vllm (a vLLM server started for the run and given the "
                                   "adapter each step; --method lora only; vLLM from `make vllm` or "
                                   "$ROCTUNE_VLLM_PYTHON)", choices=ROLLOUT_ENGINES, group="rl",
+                                  does="samples GRPO's rollouts: use it with",
                 zh=("采样引擎", "grpo：由谁采样回答：roctune（本进程中正在训练的模型）或 vllm（为本次运行启动的 vLLM 服务，每步载入适配器；仅“微调方法”lora；vLLM 来自 `make vllm` 或 $ROCTUNE_VLLM_PYTHON）"))
 
     def check(self) -> None:
         import re
 
-        if self.stage != "grpo":
-            if self.reward_model:
-                raise ConfigError(f"--reward-model scores GRPO's completions; use it with --stage grpo (a "
-                                  f"--stage {self.stage} run does not sample any)")
-            if self.rollout_engine != "roctune":
-                raise ConfigError(f"--rollout-engine {self.rollout_engine} samples GRPO's rollouts; use it with "
-                                  "--stage grpo")
+        if not STAGES[self.stage].owns(GrpoSettings):  # its settings there: refused by ModelSettings.check
             return
         if not self.rewards and not self.reward_file and not self.reward_model:
             raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file "
@@ -105,7 +103,7 @@ class GrpoSettings:
                 raise ConfigError(f"--format-regex {self.format_regex!r}: not a regular expression ({e})") from None
         for w in self.reward_weights:
             check_number("--reward-weights", _number("--reward-weights", w, float))
-        if self.kl_beta > 0 and self.method not in ("lora", "qlora"):
+        if self.kl_beta > 0 and not METHODS[self.method].adapter:
             raise ConfigError(f"--kl-beta needs the reference that LoRA gives for free (the adapter switched off); "
                               f"with --method {self.method} use --kl-beta 0")
         if self.rollout_engine == "vllm":
@@ -113,24 +111,21 @@ class GrpoSettings:
 
     def _check_vllm_rollouts(self) -> None:
         """What vLLM rollouts need (roctune.recipes.grpo_vllm): a plain LoRA adapter vLLM can load each step."""
-        if self.method != "lora":
-            raise ConfigError(f"--rollout-engine vllm needs --method lora (not {self.method}): vLLM samples from "
-                              "the policy as it is each step, and with LoRA only the small adapter is sent to it; "
-                              f"with {self.method} the model's weights would be copied into vLLM every step. Use "
-                              "--method lora or --rollout-engine roctune")
-        for on, name in ((self.use_dora, "--use-dora"), (self.modules_to_save, "--modules-to-save")):
-            if on:
-                raise ConfigError(f"--rollout-engine vllm: vLLM cannot load an adapter trained with {name}; drop "
-                                  f"{name} or use --rollout-engine roctune")
-        embedded = [t for t in self.target_modules if any(k in t for k in ("embed", "lm_head", "wte"))]
-        if embedded:
-            raise ConfigError(f"--rollout-engine vllm: vLLM cannot load LoRA on the embedding or output layer "
-                              f"(--target-modules {' '.join(embedded)}); drop them or use --rollout-engine roctune")
+        if not METHODS[self.method].vllm_loadable:
+            loadable = either(able("vllm_loadable"))
+            raise ConfigError(f"--rollout-engine vllm needs --method {loadable} (not {self.method}): vLLM samples "
+                              "from the policy as it is each step, and with LoRA only the small adapter is sent to "
+                              f"it; with {self.method} the model's weights would be copied into vLLM every step. Use "
+                              f"--method {loadable} or --rollout-engine roctune")
+        from roctune.hardware import vllm
+
+        found = vllm.unloadable({n: getattr(self, n) for n in ("use_dora", "modules_to_save", "target_modules")})
+        if found:  # the adapter these settings train, as vLLM would be given it each step
+            name, values, why = found
+            shown = " ".join([flag(name)] + (values or []))
+            raise ConfigError(f"--rollout-engine vllm: vLLM cannot load the adapter {shown} trains: {why}; drop "
+                              f"{flag(name)} or use --rollout-engine roctune")
         if self.nproc * self.nnodes > 1:
             raise ConfigError("--rollout-engine vllm runs one vLLM server for one training process; drop --nproc/"
                               "--nnodes or use --rollout-engine roctune")
-        from roctune.hardware.vllm import VLLM_LORA_RANKS
-
-        if self.lora_r > VLLM_LORA_RANKS[-1]:
-            raise ConfigError(f"--rollout-engine vllm: --lora-r {self.lora_r} is above vLLM's largest LoRA rank "
-                              f"({VLLM_LORA_RANKS[-1]}); lower it or use --rollout-engine roctune")
+        vllm.lora_rank(self.lora_r, "--rollout-engine vllm: --lora-r", "lower it or use --rollout-engine roctune")

@@ -1,15 +1,15 @@
-"""--stage kto's loss weights (roctune.training.kto_loss; TRL's KTOConfig names and defaults) and their check."""
+"""--stage kto's loss weights (roctune.training.kto_loss; TRL's KTOConfig names and defaults). On another stage they
+are refused (ModelSettings.check, from the stages' rows)."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from roctune.config.schema import LOSS_SCALE_LIMIT, flag, setting
-from roctune.errors import ConfigError
+from roctune.config.schema import LOSS_SCALE_LIMIT, setting
 
 
 @dataclass
 class KtoSettings:
+    DOES = "weighs the loss of"  # for the refusal on another stage (config/model.py)
     desirable_weight: float = setting(1.0, "kto: weight of the desirable examples' loss (the KTO paper advises "
                                       "desirable-weight x desirable / (undesirable-weight x undesirable) in "
                                       "[1, 4/3])", gt=0, le=LOSS_SCALE_LIMIT,
@@ -19,10 +19,3 @@ class KtoSettings:
                                         le=LOSS_SCALE_LIMIT, group="model",
                 key_aliases=("kto_rejected_weight",), resume_fixed=True,
                 zh=("坏样本权重", "kto：坏样本损失的权重"))
-
-    def check(self) -> None:
-        """--desirable-weight and --undesirable-weight are --stage kto's."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        changed = [n for n in ("desirable_weight", "undesirable_weight") if getattr(self, n) != defaults[n]]
-        if changed and self.stage != "kto":
-            raise ConfigError(f"{flag(changed[0])} weighs the loss of --stage kto; drop it for --stage {self.stage}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.config.schema import setting
+from roctune.errors import ConfigError
 
 DEFAULT_TARGET_MODULES = ["auto"]
 
@@ -45,3 +46,9 @@ class LoraSettings:
     freeze_extra_modules: list[str] = setting([], "freeze: modules outside the layers to train too (e.g. norm)",
                                               metavar="NAME", group="lora",
                 zh=("额外可训练模块", "freeze：这些层之外也要训练的模块（例如 norm）"))
+
+    def check(self) -> None:
+        if not self.freeze_trainable_modules:
+            raise ConfigError("freeze-trainable-modules is empty; name modules (e.g. mlp self_attn) or all")
+        if not self.target_modules:
+            raise ConfigError("target-modules is empty; name modules (e.g. q_proj v_proj), auto or all-linear")

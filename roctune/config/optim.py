@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.config.schema import setting
+from roctune.errors import ConfigError
 
 
 @dataclass
@@ -44,3 +45,7 @@ class OptimSettings:
     auto_batch: bool = setting(False, "after an out-of-memory error, retry with half the micro-batch and twice the "
                                "accumulation (same examples per step)",
                 zh=("自动批大小", "显存不足后，以一半的微批次和两倍的累积重试（每步样本数不变）"))
+
+    def check(self) -> None:
+        if self.max_steps <= 0 and self.epochs <= 0:
+            raise ConfigError("set --epochs > 0 or --max-steps > 0", key="no_steps", field="max_steps")

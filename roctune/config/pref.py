@@ -3,9 +3,8 @@ must cover exactly PREF_LOSSES, tests/test_pref_losses.py) and the checks of its
 from __future__ import annotations
 
 from dataclasses import dataclass
-import dataclasses
 
-from roctune.config.schema import LOSS_SCALE_LIMIT, flag, setting
+from roctune.config.schema import LOSS_SCALE_LIMIT, setting
 from roctune.errors import ConfigError
 
 # Declared here because the settings layer sits below the training engine and may not import it.
@@ -15,6 +14,7 @@ SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses --label-smoothing change
 
 @dataclass
 class PrefSettings:
+    DOES = "sets the preference loss of"  # for the refusal on another stage (config/model.py)
     # ---- dpo: how far the policy may move, and the loss (roctune.training.pref_losses)
     beta: float = setting(0.1, "dpo, kto: how far the policy may move from the reference", gt=0,
                           le=LOSS_SCALE_LIMIT, group="model",
@@ -40,16 +40,12 @@ class PrefSettings:
                 zh=("SimPO gamma", "dpo：“偏好损失”simpo 的目标奖励差距（TRL 的 simpo_gamma）"))
 
     def check(self) -> None:
-        """--pref-loss and its settings are --stage dpo's; --label-smoothing changes only some of the losses."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        changed = [n for n in ("pref_loss", "label_smoothing", "simpo_gamma") if getattr(self, n) != defaults[n]]
-        if changed and self.stage != "dpo":
-            raise ConfigError(f"{flag(changed[0])} sets the preference loss of --stage dpo; drop it for "
-                              f"--stage {self.stage}")
+        """--label-smoothing changes only some of the losses, --simpo-gamma one of them (these settings on another
+        stage than dpo are refused by ModelSettings.check, from the stages' rows)."""
         if self.label_smoothing and self.pref_loss not in SMOOTHED:
             raise ConfigError(f"--label-smoothing applies to --pref-loss {', '.join(SMOOTHED)}, not "
                               f"{self.pref_loss}; drop it")
-        if self.simpo_gamma != defaults["simpo_gamma"] and self.pref_loss != "simpo":
+        if self.simpo_gamma != PrefSettings.simpo_gamma and self.pref_loss != "simpo":
             raise ConfigError(f"--simpo-gamma is the margin of --pref-loss simpo; drop it for --pref-loss "
                               f"{self.pref_loss}")
 

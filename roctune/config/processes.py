@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.config.schema import setting
+from roctune.errors import ConfigError
 
 
 @dataclass
@@ -29,3 +30,10 @@ class ProcessSettings:
     rendezvous_timeout: int = setting(600, "seconds each node of a multi-node run waits for the others to report at "
                                       "node 0 before it gives up", ge=1, metavar="S", group="processes",
                 zh=("等待其他节点（秒）", "多机训练时每个节点等待其他节点在 0 号节点报到的秒数，超时即放弃"))
+
+    def check(self) -> None:
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes} "
+                              f"(got {self.node_rank})")
+        if self.fsdp and self.nproc * self.nnodes < 2:
+            raise ConfigError("--fsdp shards the model over several processes; add --nproc N (N >= 2)")

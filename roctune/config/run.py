@@ -34,6 +34,9 @@ class RunSettings:
                 zh=("覆盖", "替换“输出目录”中以前的 roctune 运行"))
 
     def check(self) -> None:
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues a run and --overwrite replaces it; pass one of them",
+                              key="resume_and_overwrite", field="overwrite")
         has_eval = bool(self.eval_data) or self.eval_ratio > 0
         for name, on in (("--early-stopping-patience", self.early_stopping_patience > 0),
                          ("--load-best", self.load_best)):

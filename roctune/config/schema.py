@@ -20,17 +20,18 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
             gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,
             metavar: str | None = None, group: str = "training", cli_only: bool = False,
             aliases: tuple[str, ...] = (), key_aliases: tuple[str, ...] = (), resume_fixed: bool = False,
-            zh: tuple[str, str], unset: Any = None) -> Any:
+            zh: tuple[str, str], unset: Any = None, does: str | None = None) -> Any:
     """One setting. `ge/gt/le/lt` bound numbers (NaN and infinity are always refused); `repeat` makes a list
     flag repeatable (--data a --data b) instead of taking several values; `cli_only` settings cannot come from a
     file; `aliases` are extra flag names; `key_aliases` are other names a YAML file or key=value override may use
     (LLaMA-Factory's spelling); `resume_fixed`: the setting defines the run, so --resume refuses a value other than
     the one run.yaml recorded; `group` places the flag in --help and the web UI; `zh` is its Chinese
     (label, help) for the web UI (the CLI stays English); `unset` is a default that means "not set" (the web UI
-    shows it as an empty box)."""
+    shows it as an empty box); `does`: what a stage's own setting does, for the refusal on a stage that does not use it
+    ("--NAME {does} --stage S; drop it for --stage T"; default: its section's DOES)."""
     meta = {"help": help, "zh": zh, "unset": unset, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
             "metavar": metavar, "group": group, "cli_only": cli_only, "aliases": aliases, "key_aliases": key_aliases,
-            "resume_fixed": resume_fixed}
+            "resume_fixed": resume_fixed, "does": does}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)

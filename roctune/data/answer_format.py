@@ -45,13 +45,18 @@ PROBE_NAME = "roctune_probe_fn"
 @dataclass(frozen=True)
 class ToolFormat:
     """Where calls sit in an answer: between `open` and `close` markers (close "": up to the end of the answer);
-    `whole_answer`: only an answer that starts with `open` is a call. `args_key`: the arguments' key."""
+    `whole_answer`: only an answer that starts with `open` is a call. `args_key`: the arguments' key. `call_head`:
+    the start of a call up to its arguments, as roctune renders it (name first): once it is complete the arguments
+    stream as they are generated (None: a call is parsed once complete). `vllm_parser`: vLLM's tool parser for this
+    format (vllm/tool_parsers/__init__.py), for `roctune serve --engine vllm`."""
 
     name: str
     open: str
     close: str
     args_key: str
     whole_answer: bool = False
+    call_head: re.Pattern | None = None
+    vllm_parser: str | None = None
 
     def render_call(self, function: dict) -> str:
         """One call ({"name", "arguments": dict}) as this format writes it."""
@@ -75,8 +80,8 @@ class ToolFormat:
 
 
 TOOL_FORMATS = {
-    "hermes": ToolFormat("hermes", HERMES_OPEN, HERMES_CLOSE, "arguments"),
-    "llama3_json": ToolFormat("llama3_json", "{", "", "parameters", whole_answer=True),
+    "hermes": ToolFormat("hermes", HERMES_OPEN, HERMES_CLOSE, "arguments", call_head=CALL_HEAD, vllm_parser="hermes"),
+    "llama3_json": ToolFormat("llama3_json", "{", "", "parameters", whole_answer=True, vllm_parser="llama3_json"),
 }
 FALLBACK_TOOL_FORMAT = "hermes"
 
@@ -231,7 +236,7 @@ class AnswerParser:
             return self._call_args(final)
         fmt = self.fmt
         close_at = self.buf.find(fmt.close, len(fmt.open)) if fmt.close else -1
-        head = CALL_HEAD.match(self.buf) if fmt is TOOL_FORMATS["hermes"] else None
+        head = fmt.call_head.match(self.buf) if fmt.call_head else None
         name = _json_string(head.group(1)) if head else None
         if name and head.end() < len(self.buf) and (close_at < 0 or head.end() <= close_at):
             # the name is known (and the whitespace before the arguments is over): stream the arguments

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from roctune.errors import EnvironmentProblem
 from roctune.hardware.install_plan import BNB_PIP
 from roctune.hardware.report import Finding
+from roctune.method_rows import METHODS
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +290,9 @@ def _compare_4bit(cfg, state, device: str, dtype: str, attn: str) -> tuple[bool,
 
 
 def require(cfg, say=log.info) -> None:
-    """`roctune train --selftest`: run the self-test for cfg's device/dtype/attention (4-bit only for qlora)
-    and raise EnvironmentProblem with the failing piece's message and fix."""
-    findings = selftest(cfg.device, cfg.dtype, cfg.attn, four_bit=cfg.method == "qlora")
+    """`roctune train --selftest`: run the self-test for cfg's device/dtype/attention (4-bit for a method with a
+    4-bit base) and raise EnvironmentProblem with the failing piece's message and fix."""
+    findings = selftest(cfg.device, cfg.dtype, cfg.attn, four_bit=METHODS[cfg.method].quantized)
     failed = [f for f in findings if f.level == "fail"]
     if failed:
         f = failed[0]

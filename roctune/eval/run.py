@@ -12,7 +12,7 @@ from roctune.errors import DataError
 
 @dataclass
 class Options:
-    adapter: str
+    run: "rundir.Run"  # or its folder, opened (read and checked) here
     data: list[str]
     model: str | None = None
     max_new_tokens: int = 64
@@ -24,6 +24,10 @@ class Options:
     tasks: str | None = None
     limit: int | None = None
 
+    def __post_init__(self):
+        if isinstance(self.run, str):
+            self.run = rundir.open(self.run)
+
 
 def prepare(opts: Options) -> tuple[list, int, tuple | None]:
     """Check everything before a model loads: the run, the metric packages, the data (records with an answer),
@@ -31,7 +35,6 @@ def prepare(opts: Options) -> tuple[list, int, tuple | None]:
     from roctune.data.records import load_records
     from roctune.eval import harness, metrics
 
-    rundir.read_run(opts.adapter)  # a missing or damaged run directory fails here with one line
     metrics.check_available()
     tasks = None
     if opts.tasks:
@@ -41,7 +44,7 @@ def prepare(opts: Options) -> tuple[list, int, tuple | None]:
     for r in records:
         if not any(m["role"] == "assistant" for m in r.messages):
             raise DataError(f"{r.source}: no reference answer; eval needs records with an assistant answer")
-    max_length = opts.max_length or int(rundir.read_run(opts.adapter)["config"].get("max_length") or 512)
+    max_length = opts.max_length or int(opts.run.setting("max_length", 512))
     return records, max_length, tasks
 
 
@@ -51,29 +54,30 @@ def evaluate(opts: Options, records: list, max_length: int, tasks, say) -> dict:
     from roctune.generate import load_for_inference
 
     kw = dict(device=opts.device, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code)
-    tuned = load_for_inference(opts.adapter, opts.model, **kw)
+    run = opts.run
+    tuned = load_for_inference(run, opts.model, **kw)
     items, dropped = scoring.cases(tuned.tokenizer, records, max_length)
     if dropped:
         say(f"warning: {dropped} record(s) skipped: --max-length {max_length} cut off the whole answer")
     if not items:
         raise DataError(f"no record keeps an answer within --max-length {max_length}; raise --max-length")
-    say(f"scoring {len(items)} records with the fine-tuned model ({tuned.base_model} + {opts.adapter})")
+    say(f"scoring {len(items)} records with the fine-tuned model ({tuned.base_model} + {run.path})")
     args = (opts.max_new_tokens, opts.batch_size)
     tuned_sum, tuned_rows = scoring.score_side(tuned, items, True, *args, say)
     say("scoring the same records with the base model")
     if tuned.adapter is not None:  # a PEFT adapter: the base is the same model with the adapter switched off
         base, base_name = tuned, tuned.base_model
     else:  # a freeze/full run saved a whole model: load its base separately
-        base_name = opts.model or rundir.base_model(opts.adapter)
+        base_name = opts.model or run.base_model
         del tuned
         gc.collect()
-        base = load_for_inference(None, base_name, template=rundir.template_name(opts.adapter), **kw)
+        base = load_for_inference(None, base_name, template=run.template, **kw)
     base_sum, base_rows = scoring.score_side(base, items, False, *args, say)
     result = {"n": len(items), "base": base_sum, "tuned": tuned_sum}
     if tasks:
         result["tasks"] = _tasks(opts, tasks, base_name, say)
     result["examples"] = _examples(items, base_rows, tuned_rows)
-    result["meta"] = {"adapter": opts.adapter, "base_model": base_name, "data": list(opts.data),
+    result["meta"] = {"adapter": run.path, "base_model": base_name, "data": list(opts.data),
                       "max_new_tokens": opts.max_new_tokens, "max_length": max_length, "dropped": dropped}
     return result
 
@@ -93,9 +97,9 @@ def _tasks(opts: Options, tasks, base_name: str, say) -> dict:
     from roctune.eval import harness
 
     names, folders = tasks
-    adapter = opts.adapter if rundir.has_adapter(opts.adapter) else None
+    adapter = None if opts.run.whole_model else opts.run.path
     say(f"lm-evaluation-harness: {', '.join(names)} (base, then tuned)")
     base = harness.run(names, folders, base_name, None, opts.device, opts.limit, opts.batch_size)
-    tuned = harness.run(names, folders, base_name if adapter else opts.adapter, adapter, opts.device, opts.limit,
+    tuned = harness.run(names, folders, base_name if adapter else opts.run.path, adapter, opts.device, opts.limit,
                         opts.batch_size)
     return {"base": base, "tuned": tuned}

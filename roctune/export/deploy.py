@@ -168,6 +168,20 @@ def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def best_modelfile(gguf_name: str, tok, log) -> tuple[str, bool]:
+    """The Modelfile, best effort: a chat template Ollama's TEMPLATE cannot express leaves it without one (the
+    GGUF is still good), and one line says what to do."""
+    from jinja2 import TemplateError
+
+    try:
+        return modelfile(gguf_name, tok, None)[0], True
+    except (ConfigError, TemplateError) as e:
+        why = str(e) if isinstance(e, ConfigError) else f"the chat template refuses a probe conversation ({e})"
+        log(f"Modelfile without TEMPLATE: {why}; Ollama will guess the template from the GGUF - check `ollama show "
+            "--template`, or serve it with `llama-server --jinja`, which runs the template inside the GGUF")
+        return bare_modelfile(gguf_name, tok, None), False
+
+
 def adapter_modelfile(text: str, lora_name: str, base: str, base_gguf: str | None = None) -> str:
     """A Modelfile for a LoRA GGUF: FROM the base model's GGUF (the file the base was converted from, else its path
     to fill in), ADAPTER this file."""

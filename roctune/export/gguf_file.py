@@ -29,16 +29,11 @@ from roctune.errors import ConfigError, EnvironmentProblem
 # llama.cpp picks its pre-tokenizer (how text is split before BPE) by the name in `tokenizer.ggml.pre`; its converter
 # finds the name by hashing the token ids of a fixed check text (the table: pre_tokenizers.py)
 from roctune.export.pre_tokenizers import CHECK_TEXT, PRE_TOKENIZERS
+from roctune.export.quants import DEFAULT, LLAMA_CPP, QUANTS
 from roctune.progress import counted
 
 log = logging.getLogger(__name__)
 
-QUANTS = ("f16", "bf16", "q8_0")  # written here
-KQUANTS = ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")  # llama.cpp's quantizer
-# Types llama.cpp's quantizer can give the token embedding and the output layer apart from the rest of a K-quant
-# (llama_model_quantize_params.token_embedding_type / output_tensor_type, llama-quantize's --token-embedding-type
-# and --output-tensor-type); "auto" picks by the vocabulary's share of the weights (tensor_plan).
-TENSOR_TYPES = ("auto", "q8_0", "q6_k", "f16", "default")
 # Above this share of the parameters in the embedding and output matrices, a K-quant keeps them at q8_0. Why: every
 # token's logits come from the output matrix and every input from an embedding row, so their rounding reaches every
 # position directly, while a layer's rounding is averaged over the hidden size; when they are most of the file
@@ -48,28 +43,6 @@ TENSOR_TYPES = ("auto", "q8_0", "q6_k", "f16", "default")
 # (SmolLM2-135M: 21%, Llama 3 8B: 13%) llama.cpp's own mixture already gives the output layer q6_k, and 8 bits
 # would only make the file bigger.
 BIG_VOCAB_SHARE = 0.3
-
-
-def check_quant(quant: str) -> None:
-    """Refuse an unknown quant type, or a K-quant without llama.cpp's quantizer installed, with one line."""
-    if quant in QUANTS:
-        return
-    if quant in KQUANTS:
-        if kquant_problem():
-            raise EnvironmentProblem(kquant_problem())
-        return
-    raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(QUANTS)} (written by roctune) or "
-                      f"{', '.join(KQUANTS)} (llama.cpp's quantizer: pip install 'roctune[gguf]')")
-
-
-def check_tensor_types(quant: str, embedding_type: str, output_type: str) -> None:
-    """--embedding-type/--output-type: a known type, and only for a quant made by llama.cpp's quantizer."""
-    for flag, value in (("--embedding-type", embedding_type), ("--output-type", output_type)):
-        if value not in TENSOR_TYPES:
-            raise ConfigError(f"{flag} {value}: unknown; choose one of {', '.join(TENSOR_TYPES)}")
-        if value not in ("auto", "default") and quant not in KQUANTS:
-            raise ConfigError(f"{flag} {value}: only for a quant made by llama.cpp's quantizer ({', '.join(KQUANTS)})"
-                              f"; --quant {quant} is written by roctune with one type for every matrix")
 
 
 def vocab_share(model_dir: str) -> float:
@@ -89,12 +62,13 @@ def vocab_share(model_dir: str) -> float:
 
 def tensor_plan(model_dir: str, quant: str, embedding_type: str = "auto", output_type: str = "auto") -> dict:
     """The types of the token embedding and output layer for a llama.cpp quant, with the reason: "default" leaves
-    them to llama.cpp's mixture; "auto" is q8_0 when they hold more than BIG_VOCAB_SHARE of the parameters."""
-    if quant not in KQUANTS:
+    them to llama.cpp's mixture; "auto" is q8_0 (quants.DEFAULT) when they hold more than BIG_VOCAB_SHARE of the
+    parameters."""
+    if QUANTS[quant].writer != LLAMA_CPP:
         return {}
     share = vocab_share(model_dir)
-    big = share > BIG_VOCAB_SHARE and quant != "q8_0"
-    pick = lambda t: ("q8_0" if big else "default") if t == "auto" else t  # noqa: E731
+    big = share > BIG_VOCAB_SHARE
+    pick = lambda t: (DEFAULT if big else "default") if t == "auto" else t  # noqa: E731
     plan = {"vocab_share": round(share, 3), "embedding_type": pick(embedding_type), "output_type": pick(output_type)}
     why = (f"the embedding and output are {100 * share:.0f}% of the parameters (> {100 * BIG_VOCAB_SHARE:.0f}%)"
            if big else f"the embedding and output are {100 * share:.0f}% of the parameters")
@@ -109,30 +83,6 @@ def vocab_tensor_types(path: str) -> dict:
     reader = gguf.GGUFReader(path)
     return {t.name: t.tensor_type.name.lower() for t in reader.tensors
             if t.name in ("token_embd.weight", "output.weight")}
-
-
-def next_options(quant: str, plan: dict) -> str:
-    """What to try when a quant fails the fidelity check, most specific first."""
-    tries = []
-    if quant in KQUANTS and plan.get("embedding_type") not in ("q8_0", "f16"):
-        tries.append(f"--quant {quant} --embedding-type q8_0 --output-type q8_0")
-    if quant in KQUANTS and quant != "q6_k":
-        tries.append("--quant q6_k")
-    if quant != "q8_0" and quant not in ("f16", "bf16"):
-        tries.append("--quant q8_0")
-    tries.append("--format lora-gguf, applied by llama.cpp to the original base GGUF (an upstream quant)")
-    return "try " + ", or ".join(tries)
-
-
-def kquant_problem() -> str | None:
-    import importlib.util
-
-    from roctune.export import llamacpp
-
-    if not llamacpp.available() and importlib.util.find_spec("llama_cpp") is None:
-        return ("K-quants need llama.cpp's quantizer: pip install 'roctune[gguf]' (llama-cpp-py-sync, prebuilt, no "
-                "compiler), or export --quant f16 and run llama.cpp's `llama-quantize` on it; q8_0 needs neither")
-    return None
 
 
 def read_config(model_dir: str) -> dict:
@@ -266,9 +216,7 @@ def _hyperparameters(w, cfg: dict, quant: str, family) -> None:
         w.add_key_length(dim)
         w.add_value_length(dim)
     w.add_vocab_size(cfg["vocab_size"])
-    ftype = {"f16": gguf.LlamaFileType.MOSTLY_F16, "bf16": gguf.LlamaFileType.MOSTLY_BF16,
-             "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
-    w.add_file_type(ftype)
+    w.add_file_type(gguf.LlamaFileType[QUANTS[quant].file_type])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -433,7 +381,7 @@ def _encode(data, quant: str):
     T = gguf.GGMLQuantizationType
     if data.ndim == 1:
         return data.astype(np.float32), T.F32
-    qtype = {"f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0}[quant]
+    qtype = T[QUANTS[quant].tensor_type]
     if qtype == T.Q8_0 and data.shape[-1] % gguf.GGML_QUANT_SIZES[T.Q8_0][0]:
         qtype = T.F16
     if qtype == T.F16:
@@ -451,10 +399,10 @@ def kquantize(src: str, dst: str, quant: str, plan: dict | None = None) -> None:
     plan = plan or {}
     types = {k: plan.get(k) for k in ("embedding_type", "output_type") if plan.get(k) not in (None, "default")}
     if llamacpp.available():
-        return llamacpp.quantize(src, dst, quant, **types)
+        return llamacpp.quantize(src, dst, QUANTS[quant].file_type, **types)
     import llama_cpp
 
-    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant.upper()}", None)
+    ftype = getattr(llama_cpp, "LLAMA_FTYPE_" + QUANTS[quant].file_type, None)
     if ftype is None:
         raise EnvironmentProblem(f"--quant {quant}: this llama-cpp-python has no {quant}; upgrade it")
     params = llama_cpp.llama_model_quantize_default_params()

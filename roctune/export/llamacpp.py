@@ -166,17 +166,14 @@ def threads() -> int:
 
 
 # ------------------------------------------------------------------------------------------------ quantizer
-FTYPES = {q: "LLAMA_FTYPE_MOSTLY_" + q.upper() for q in
-          ("q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k", "q4_0", "q5_0")}
-
-
-def quantize(src: str, dst: str, quant: str, embedding_type: str | None = None, output_type: str | None = None) -> None:
+def quantize(src: str, dst: str, file_type: str, embedding_type: str | None = None,
+             output_type: str | None = None) -> None:
     """llama.cpp's own `llama-quantize` on an f16 GGUF: its per-tensor mixture for q4_k_m/q5_k_m (attn_v and
     ffn_down kept at higher precision in part of the layers, and so on), not a re-implementation of it; the token
     embedding and output layer at the types given (its --token-embedding-type / --output-tensor-type)."""
     ffi, lib = binding()
     params = ffi.new("llama_model_quantize_params *", lib.llama_model_quantize_default_params())
-    params.ftype = getattr(lib, FTYPES[quant])
+    params.ftype = getattr(lib, "LLAMA_FTYPE_" + file_type)  # a quant's row in roctune.export.quants
     if embedding_type:
         params.token_embedding_type = getattr(lib, f"GGML_TYPE_{embedding_type.upper()}")
     if output_type:

@@ -39,13 +39,21 @@ LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.default)?
 TOKEN_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.token_adapter\.trainable_tokens_delta(?:\.default)?$")
 
 
-def check_adapter(adapter: str) -> dict:
+# ------------------------------------------------------------------------------------------- the format unit
+def check_options(quant: str, embedding_type: str, output_type: str) -> None:
+    from roctune.export import quants
+
+    quants.check(quant)
+    quants.check_tensor_types("f16", embedding_type, output_type)
+
+
+def check_run(run: rundir.Run) -> dict:
     """The adapter's settings when llama.cpp can load it as a LoRA GGUF; one clear ConfigError otherwise."""
+    adapter = run.path
     if not rundir.has_adapter(adapter):
         raise ConfigError(f"--adapter {adapter}: --format lora-gguf needs a LoRA run (adapter_config.json); a "
                           "full or freeze run has no adapter - export it with --format gguf")
-    cfg = rundir.adapter_settings(adapter)
-    rundir.check_lora_fields(cfg, os.path.join(adapter, rundir.ADAPTER_CONFIG))  # the writer computes with them
+    cfg = run.adapter  # the writer computes with its fields: checked with the weights (rundir.check_adapter)
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA" or cfg.get("use_dora"):
         raise ConfigError(f"--adapter {adapter}: --format lora-gguf writes plain LoRA adapters; this one is "
                           f"{'DoRA' if cfg.get('use_dora') else cfg.get('peft_type')} - export with --format gguf")
@@ -99,15 +107,15 @@ def _pattern(patterns: dict, module: str, default):
     return default
 
 
-def write_lora_gguf(adapter: str, base_dir: str, path: str, name: str, family) -> dict:
-    """Write the adapter of the run `adapter` (trained on the model in `base_dir`) to `path`."""
+def write_lora_gguf(run: rundir.Run, base_dir: str, path: str, name: str, family) -> dict:
+    """Write the adapter of `run` (trained on the model in `base_dir`) to `path`."""
     import gguf
     from safetensors.numpy import load_file
 
     from roctune.export.gguf_file import _permute, read_config, tensor_name_map
 
-    cfg, base = check_adapter(adapter), read_config(base_dir)
-    tensors = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    adapter, cfg, base = run.path, check_run(run), read_config(base_dir)
+    tensors = load_file(os.path.join(adapter, rundir.ADAPTER_WEIGHTS))
     rows = {m[1]: tensors.pop(k) for k in list(tensors) if (m := TOKEN_KEY.match(k))}
     pairs = _pairs(tensors, adapter)
     alpha = float(cfg.get("lora_alpha", 8))
@@ -188,3 +196,57 @@ def _pairs(tensors: dict, adapter: str) -> dict[str, tuple]:
     if broken or not pairs:
         raise ConfigError(f"{adapter}: adapter_model.safetensors has no complete LoRA pairs ({broken[:1]})")
     return {k: (v["A"], v["B"]) for k, v in pairs.items()}
+
+
+# ------------------------------------------------------------------------------------ written and checked
+def check(job, log) -> None:
+    """Trained rows of a tied embedding cannot go into a LoRA GGUF (token_rows_refusal)."""
+    if job.token_rows:
+        raise ConfigError(job.token_rows)
+    job.inspect()
+    job.file = f"{job.name}-lora.gguf"
+
+
+def write(job, tmp: str, log) -> dict:
+    """The LoRA GGUF, a Modelfile with ADAPTER (FROM the base's own GGUF when the base came from one) and DEPLOY.md."""
+    from roctune.export import deploy
+    from roctune.models import gguf_source
+
+    report = write_lora_gguf(job.run, job.base, os.path.join(tmp, job.file), job.name, job.family)
+    text, report["modelfile_template"] = deploy.best_modelfile(job.file, job.tokenizer, log)
+    source = gguf_source(job.base)  # the base was converted from this GGUF file: the adapter goes back onto it
+    if source:
+        report["base_gguf"] = source
+    rundir.atomic_write_text(os.path.join(tmp, "Modelfile"), deploy.adapter_modelfile(text, job.file, job.base, source))
+    rundir.atomic_write_text(os.path.join(tmp, "DEPLOY.md"), deploy.lora_deploy_md(
+        job.file, job.name, job.run.base_model or job.base, source))
+    return report
+
+
+def verify(job, tmp: str, log) -> dict:
+    """The adapter applied by llama.cpp to an f16 GGUF of the base (written for the check, not kept) against the
+    merged model; skipped, said in one line, without llama.cpp. Returns the report's entries."""
+    import shutil
+
+    from roctune.export import gguf_file, llamacpp
+    from roctune.export import verify as check
+    from roctune.merge import merge
+
+    if not (job.verify and llamacpp.available()):
+        log("fidelity check skipped: " + ("--no-verify" if not job.verify else
+                                          "a LoRA GGUF is checked in llama.cpp: pip install 'roctune[gguf]'"))
+        return {}
+    merged, base_gguf = os.path.join(tmp, ".merged"), os.path.join(tmp, ".base-f16.gguf")
+    merge_diff = merge(job.run, merged, dtype="fp32", log=log)["max_logit_diff"]
+    gguf_file.write_gguf(job.base, base_gguf, "f16", job.name, job.tokenizer, log)
+    report = check.verify(merged, tmp, os.path.basename(base_gguf), "f16", check.check_conversations(job.run), log,
+                          lora=os.path.join(tmp, job.file), tokenizer=job.tokenizer)
+    log(check.summary(report) + " (the adapter applied to an f16 GGUF of the base)")
+    shutil.rmtree(merged)
+    os.unlink(base_gguf)
+    return {"merge_max_logit_diff": merge_diff, "check": report}
+
+
+def done(job, report: dict, log) -> None:
+    log(f"exported the adapter as {job.file} ({report['bytes'] / 2**20:.1f} MiB), Modelfile and DEPLOY.md to "
+        f"{job.output} in {report['seconds']:.0f} s; it needs the base model's GGUF beside it")

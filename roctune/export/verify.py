@@ -28,40 +28,32 @@ from roctune.progress import counted
 
 logger = logging.getLogger(__name__)
 
-# Mean KL divergence (nats per position) allowed against the fp32 merged model, per quant type. The reference:
-# llama.cpp's published LLaMA-3-8B figures (tools/perplexity README, from its PR 6936): q8_0 about 0.001, q6_K
-# about 0.005, q4_K_M about 0.03 mean KLD, with the top token the same at about 99%, 98% and 94% of positions.
-# Small models lose more to the same quant: the bundled SmolLM2-135M after make demo's identity fine-tune measured
-# f16 0.00001, q8_0 0.011, q6_k 0.025, q4_k_m 0.10-0.11 in llama.cpp on the CPU (README, "How close is the GGUF").
-# Of q8_0's 0.011, 0.0033 is the weights' rounding (the same file read back by transformers); the rest is
-# llama.cpp's CPU kernels rounding the activations to 8 bits before each q8_0 product: the runtime's, not the
-# file's. The limits leave 4-5x room over those figures for other kernels and models, and still refuse a broken
-# file (a Q/K permutation left out, a lost tensor: KL of several nats). Gemma 3 270M after a 12-step identity
-# fine-tune measured q8_0 0.045: the runtime's part again, as its original Q4_K_M file with the LoRA GGUF (the very
-# weights the merged model was made from) measured 0.056 (scripts/lora_on_original.py); q8_0's limit is 0.1.
-KL_LIMIT = {"f16": 0.01, "bf16": 0.05, "q8_0": 0.1}
-KQUANT_KL_LIMIT = 0.5  # 2-6 bit weights: catches a broken file, not small drift
 N_PROMPTS = 3  # greedy answers compared (and shown)
 N_TEXTS = 8  # conversations whose every position enters the KL divergence
 NEW_TOKENS = 16
 
 
 def kl_limit(quant: str) -> float:
-    return KL_LIMIT.get(quant, KQUANT_KL_LIMIT)
+    """The largest mean KL divergence the check accepts for `quant` (its row in roctune.export.quants says why)."""
+    from roctune.export.quants import QUANTS
+
+    return QUANTS[quant].kl_limit
 
 
-def check_conversations(run: str, n: int = N_TEXTS) -> list[list[dict]]:
+def check_conversations(run: "str | rundir.Run", n: int = N_TEXTS) -> list[list[dict]]:
     """The first `n` conversations of the run's training data (whole, answers included); the merge's fixed
     prompts when the data is not readable any more. run.yaml keeps the data paths as training was given them: a
     relative one is looked for from here, then beside the run's folder and its parents (training usually ran from
     the project folder that holds both)."""
     from roctune.merge import CHECK_PROMPTS
 
-    data = rundir.read_run(run)["config"].get("data") if rundir.is_run_dir(run) else None
+    if isinstance(run, str):
+        run = rundir.open(run) if rundir.is_run_dir(run) else None
+    data = run.config.get("data") if run is not None and run.is_run else None
     try:
         from roctune.data.records import load_records
 
-        records = load_records([_find_data(d, run) for d in data], limit=n) if data else []
+        records = load_records([_find_data(d, run.path) for d in data], limit=n) if data else []
     except RoctuneError as e:
         logger.warning("training data not readable (%s); checking on fixed prompts", e)
         records = []

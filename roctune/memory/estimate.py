@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from roctune.errors import ConfigError
+from roctune.method_rows import DEFAULT, METHODS, NAMES, Method
 from roctune.memory.architecture import Architecture, Linear
 from roctune.memory.result import GiB, MemoryEstimate
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
-METHODS = ("lora", "qlora", "freeze", "full")
 OPTIMIZERS = ("adamw", "adamw8bit", "sgd")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 _ATTN_ALIASES = {"auto": "sdpa", "fa2": "flash_attention_2", "flash": "flash_attention_2",
@@ -146,14 +146,18 @@ class _Run:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def row(self) -> Method:  # what the method trains and stores (roctune.method_rows)
+        return METHODS[self.method]
+
+    @property
     def lora(self) -> bool:
-        return self.method in ("lora", "qlora")
+        return self.row.adapter
 
 
 def _checked_run(arch: Architecture, method, batch_size, max_length, lora_r, dtype, grad_checkpointing, attn,
                  optimizer, supervised_fraction, lora_dropout, padded, device, grad_accum, autocast,
                  **long_context) -> _Run:
-    method = _norm_choice(method, METHODS, {}, "--method")
+    method = _norm_choice(method, NAMES, {}, "--method")
     dtype = _norm_choice(dtype, tuple(DTYPE_BYTES), _DTYPE_ALIASES, "--dtype")
     attn = _norm_choice(attn, ATTENTIONS, _ATTN_ALIASES, "--attn")
     optimizer = _norm_choice(optimizer, OPTIMIZERS, _OPTIMIZER_ALIASES, "--optimizer")
@@ -161,11 +165,11 @@ def _checked_run(arch: Architecture, method, batch_size, max_length, lora_r, dty
     for flag, v in (("--batch-size", batch_size), ("--max-length", max_length)):
         if int(v) < 1:
             raise ConfigError(f"{flag} must be at least 1 (got {v})")
-    if method in ("lora", "qlora") and int(lora_r) < 1:
+    if METHODS[method].adapter and int(lora_r) < 1:
         raise ConfigError(f"--lora-r must be at least 1 (got {lora_r})")
     if not 0 < supervised_fraction <= 1:
         raise ConfigError(f"supervised_fraction must be in (0, 1] (got {supervised_fraction})")
-    if method == "qlora" and dtype == "fp32":
+    if METHODS[method].quantized and dtype == "fp32":
         dtype = "bf16"  # 4-bit weights compute in half precision
     if autocast is None:
         autocast = device == "cuda"  # as roctune's trainer does
@@ -197,7 +201,7 @@ def _parameters(r: _Run, target_modules, freeze_trainable_layers: int, details: 
     embed_and_head = arch.embedding_params + arch.lm_head_params + arch.hidden
     if r.lora:
         trainable = N * sum(r.lora_r * (l.d_in + l.d_out) for l in lora_mods)
-        if r.method == "qlora":
+        if r.row.quantized:
             weights = (N * linear_layer_params * QLORA_BYTES_PER_PARAM
                        + (N * other_layer_params + embed_and_head) * s)
             details["weights"] = "decoder linear layers in NF4 (+ scales), embeddings/norms in " + dtype
@@ -206,15 +210,16 @@ def _parameters(r: _Run, target_modules, freeze_trainable_layers: int, details: 
             details["weights"] = f"{arch.total_params:,} parameters x {s} bytes ({dtype})"
         details["trainable_params"] = f"LoRA r={r.lora_r} on {', '.join(sorted({l.name for l in lora_mods}))}, fp32"
         return _Params(lora_mods, trainable, 0, weights, trainable * 4, 0)
-    trained_layers = N if r.method == "full" else min(N, max(0, int(freeze_trainable_layers)))
-    trainable = trained_layers * arch.layer_params + (embed_and_head if r.method == "full" else 0)
+    every = r.row.trains_all
+    trained_layers = N if every else min(N, max(0, int(freeze_trainable_layers)))
+    trainable = trained_layers * arch.layer_params + (embed_and_head if every else 0)
     frozen = arch.total_params - trainable
     details["weights"] = f"{frozen:,} frozen parameters x {s} bytes ({dtype})"
     # roctune's trainer upcasts trained parameters to fp32 and computes under autocast
-    details["trainable_params"] = (("all" if r.method == "full" else f"last {trained_layers} layers'")
+    details["trainable_params"] = (("all" if every else f"last {trained_layers} layers'")
                                    + " weights, fp32 (trained in fp32, computed under autocast)")
     trained_linear = trained_layers * linear_layer_params + (arch.lm_head_params or arch.embedding_params
-                                                             if r.method == "full" else 0)
+                                                             if every else 0)
     details["autocast_copies"] = f"{dtype} copies of trained matmul weights kept for backward"
     return _Params([], trainable, trained_layers, frozen * s, trainable * 4, trained_linear * s if s != 4 else 0)
 
@@ -269,9 +274,9 @@ def _activations(r: _Run, p: _Params, details: dict) -> tuple[float, float]:
         act += B * L * L
     elif r.padded and r.attn == "eager":
         act += B * L * L * s
-    if r.method == "full":
+    if r.row.trains_all:
         act += T * H * s  # the lm_head's input, saved as the head is trained
-    if r.method == "qlora":
+    if r.row.quantized:
         big = max(l.d_in * l.d_out for l in arch.linears)
         act += 2 * big * s  # weights dequantized for the forward/backward matmuls
         details["activations"] += "; + dequantized weight workspace"
@@ -309,7 +314,7 @@ def _step_workspace(r: _Run, p: _Params, details: dict) -> float:
         biggest = max(r.lora_r * max(l.d_in, l.d_out) for l in p.lora_mods)
     else:
         biggest = max(max(l.d_in * l.d_out for l in arch.linears),
-                      arch.embedding_params if r.method == "full" else 0)
+                      arch.embedding_params if r.row.trains_all else 0)
     return 2 * 4 * biggest
 
 
@@ -340,12 +345,12 @@ def _settings(r: _Run, p: _Params) -> dict:
                 "lora_dropout": r.lora_dropout if (r.lora and r.lora_dropout > 0) else 0.0,
                 "device": r.device, "grad_accum": r.grad_accum, "autocast": r.autocast,
                 "long_context": r.long_context, "offload": r.offload, "chunked_head": r.chunked_head, "rss": r.rss}
-    if r.method == "freeze":
+    if r.row.trains_base and not r.row.trains_all:
         settings["freeze_trainable_layers"] = p.trained_layers
     return settings
 
 
-def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_length: int = 512, lora_r: int = 8,
+def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_length: int = 512, lora_r: int = 8,
              target_modules=None, dtype: str = "bf16", grad_checkpointing: bool = False, attn: str = "sdpa",
              optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
              freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
@@ -357,7 +362,8 @@ def estimate(config: Any, *, method: str = "lora", batch_size: int = 1, max_leng
     id in the local cache, or a built-in name (`builtin_model_names()`).
     target_modules: None for the q/k/v/o projections, "all-linear", or a list of module names.
     supervised_fraction: share of positions where logits are computed (1.0: the standard forward).
-    freeze_trainable_layers: for method "freeze", how many of the last decoder layers are trained.
+    method: a row of roctune.method_rows (default: --method's default, lora).
+    freeze_trainable_layers: for a method that trains chosen layers (freeze), how many of the last are trained.
     padded: batches are padded (an attention mask is materialised, SDPA repeats k/v for GQA).
     device: "cuda" (also ROCm) or "cpu": sets dropout-mask size and whether GPU overhead is added.
     autocast: forward under torch.autocast in bf16/fp16 (default: on the GPU, as roctune's trainer does);

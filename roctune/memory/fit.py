@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roctune.memory.architecture import Architecture
+from roctune.method_rows import METHODS
 from roctune.memory.estimate import estimate
 from roctune.memory.result import MemoryEstimate
 
@@ -96,14 +97,17 @@ def _smaller_batch(arch: Architecture, vram_bytes: int, k: dict) -> Fix | None:
     return None
 
 
-def _qlora_dtype(kw: dict) -> str:
-    return "bf16" if kw["dtype"] == "fp32" else kw["dtype"]  # 4-bit weights compute in half precision
+def _switch(kw: dict, method: str) -> dict:
+    """The estimate's settings for another method (a 4-bit base computes in half precision)."""
+    quantized = METHODS[method].quantized and kw["dtype"] == "fp32"
+    return {"method": method, "dtype": "bf16" if quantized else kw["dtype"]}
 
 
 def fit_suggestions(config: Any, vram_bytes: int, **kwargs) -> list[Fix]:
     """The smallest single changes that make a run fit (in this order: gradient checkpointing, a shorter
-    --max-length, a smaller batch with gradient accumulation keeping the effective batch, QLoRA, 8-bit
-    AdamW for full/freeze), then combinations when no single change is enough. Empty if it fits already."""
+    --max-length, a smaller batch with gradient accumulation keeping the effective batch, the lighter methods of
+    the method's row (LoRA, QLoRA), 8-bit AdamW where base weights train), then combinations when no single change
+    is enough. Empty if it fits already."""
     arch = config if isinstance(config, Architecture) else Architecture.from_config(config)
     base = estimate(arch, **kwargs)
     if base.fits(vram_bytes):
@@ -114,11 +118,10 @@ def fit_suggestions(config: Any, vram_bytes: int, **kwargs) -> list[Fix]:
         singles.append(_attempt(arch, vram_bytes, kw, "--grad-checkpointing", grad_checkpointing=True))
     singles.append(_shorter(arch, vram_bytes, kw))
     singles.append(_smaller_batch(arch, vram_bytes, kw))
-    if kw["method"] in ("full", "freeze"):
-        singles.append(_attempt(arch, vram_bytes, kw, "--method lora", method="lora"))
-    if kw["method"] == "lora" or kw["method"] == "full":
-        singles.append(_attempt(arch, vram_bytes, kw, "--method qlora", method="qlora", dtype=_qlora_dtype(kw)))
-    if kw["method"] in ("full", "freeze") and kw["optimizer"] == "adamw":
+    row = METHODS[kw["method"]]
+    for lighter in row.lighter:  # the methods its row says to try when it does not fit
+        singles.append(_attempt(arch, vram_bytes, kw, f"--method {lighter}", **_switch(kw, lighter)))
+    if row.trains_base and kw["optimizer"] == "adamw":
         singles.append(_attempt(arch, vram_bytes, kw, "--optimizer adamw8bit", optimizer="adamw8bit"))
     fixes = [f for f in singles if f]
     if any(f.settings["max_length"] == kw["max_length"] for f in fixes):
@@ -137,9 +140,8 @@ def _combinations(arch: Architecture, vram_bytes: int, kw: dict) -> list[Fix]:
     """Checkpointing + batch 1, then + QLoRA, each with a shorter length on top if still needed."""
     combo = dict(kw, grad_checkpointing=True, batch_size=1)
     steps = ["--grad-checkpointing", f"--batch-size 1 --grad-accum {kw['batch_size']}" if kw["batch_size"] > 1 else ""]
-    for extra, over in ((None, {}), ("--method qlora", {"method": "qlora", "dtype": _qlora_dtype(kw)})):
-        if extra and kw["method"] not in ("lora", "full"):
-            continue
+    quantized = [m for m in METHODS[kw["method"]].lighter if METHODS[m].quantized]  # with a 4-bit base on top
+    for extra, over in ((None, {}), *((f"--method {m}", _switch(kw, m)) for m in quantized)):
         k = dict(combo, **over)
         label = " ".join(x for x in steps + [extra or ""] if x)
         e = estimate(arch, **k)

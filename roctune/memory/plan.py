@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.method_rows import METHODS
+
 # Sequences of this many tokens and more are trained with layer checkpointing and MLP tiles without a flag.
 LONG_SEQUENCE = 2048
 # On a GPU, from this length on the checkpointed layer inputs wait in pinned host memory (offloading_checkpoint):
@@ -57,7 +59,7 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
     arch = model if isinstance(model, Architecture) else Architecture.from_config(model)
     # the output layer runs in chunks where roctune's loss keeps it frozen at supervised positions (a known family)
     known = family_of(arch.model_type) is not None  # roctune's shortcuts (MLP tiles, chunked head) need a family
-    chunked = known and bool(cfg.loss_on_supervised_only) and cfg.method != "full"
+    chunked = known and bool(cfg.loss_on_supervised_only) and not METHODS[cfg.method].trains_all
     L = int(max_length or cfg.max_length)
     B = int(batch_size or cfg.batch_size)
     plan = choose_checkpointing(bool(cfg.grad_checkpointing), L, device)
@@ -76,7 +78,7 @@ def _dtype(cfg, device: str) -> str:
     if cfg.dtype not in (None, "", "auto"):
         return cfg.dtype
     # as roctune.hardware.choose_dtype decides without asking the GPU: fp32 on the CPU (QLoRA computes in bf16)
-    return "fp32" if device == "cpu" and cfg.method != "qlora" else "bf16"
+    return "fp32" if device == "cpu" and not METHODS[cfg.method].quantized else "bf16"
 
 
 def _attn(cfg) -> str:

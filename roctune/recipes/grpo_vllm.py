@@ -30,10 +30,11 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from roctune.errors import ConfigError, EnvironmentProblem
+from roctune.errors import EnvironmentProblem
 from roctune.hardware.network import free_port
-from roctune.hardware.vllm import (CPU_KV_CACHE_GIB, SERVER_MODULE, VLLM_DTYPES, VLLM_LORA_RANKS, extra_vllm_args,
-                                   find_vllm_python, vllm_lora_rank)
+from roctune.hardware.vllm import SERVER_MODULE  # noqa: F401 - the module vLLM's server runs as, for readers
+from roctune.hardware.vllm import CPU_KV_CACHE_GIB, extra_vllm_args, find_vllm_python, lora_rank
+from roctune.hardware.vllm import server_command as vllm_command
 
 log = logging.getLogger(__name__)
 
@@ -54,31 +55,23 @@ def find_python(environ=None) -> str:
 
 def max_lora_rank(rank: int) -> int:
     """vLLM's --max-lora-rank for an adapter of this rank: the smallest allowed value that holds it."""
-    allowed = vllm_lora_rank(rank)
-    if allowed is None:
-        raise ConfigError(f"--rollout-engine vllm: --lora-r {rank} is above vLLM's largest LoRA rank "
-                          f"({VLLM_LORA_RANKS[-1]})")
-    return allowed
+    return lora_rank(rank, "--rollout-engine vllm: --lora-r", "lower it or use --rollout-engine roctune")
 
 
 # ------------------------------------------------------------------------------------------ the server
 def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[str]:
-    """vLLM's command line for the run's model, dtype, seed and LoRA rank."""
-    argv = [python, "-m", SERVER_MODULE, "--model", base_model, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", VLLM_DTYPES.get(setup.dtype, "auto"), "--seed", str(cfg.seed),
-            "--enable-lora", "--max-lora-rank", str(max_lora_rank(cfg.lora_r)), "--max-loras", "2",
-            # sample with the run's settings only, not the defaults of the model's generation_config.json
-            "--generation-config", "vllm",
-            "--max-model-len", str(cfg.max_length + cfg.max_completion_length)]
-    if cfg.trust_remote_code:
-        argv.append("--trust-remote-code")
+    """vLLM's command line for the run's model, dtype, seed and LoRA rank (the adapter of this step and the last
+    one's, while it is unloaded)."""
+    more = ["--seed", str(cfg.seed), "--max-model-len", str(cfg.max_length + cfg.max_completion_length)]
     if setup.device != "cpu":
-        argv += ["--gpu-memory-utilization", GPU_MEMORY_FRACTION]
+        more += ["--gpu-memory-utilization", GPU_MEMORY_FRACTION]
     else:
         # a prompt prefilled in chunks makes vLLM rewind its seeded generator, which its CPU build cannot do
         # ("CPU Generator does not use offset", v1/worker/gpu_model_runner.py): prompts are prefilled whole
-        argv.append("--no-enable-chunked-prefill")
-    return argv + extra_vllm_args()
+        more.append("--no-enable-chunked-prefill")
+    return vllm_command(python, base_model, host="127.0.0.1", port=port, dtype=setup.dtype,
+                        trust_remote_code=cfg.trust_remote_code, loras=2, lora_rank=max_lora_rank(cfg.lora_r),
+                        more=more)
 
 
 class VllmRollouts:

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.training import loop, session
-from roctune.training.batching import collate
-from roctune.training.pair_task import pair_task
+from roctune.training.pair_task import pair_task, scores
 
 
 @dataclass
@@ -38,12 +37,6 @@ def tokenize_items(tokenizer, pairs: list, max_length: int) -> tuple[list[Item],
 
     out, dropped = tokenize_pairs(tokenizer, pairs, max_length, min_supervised=1)
     return [Item(c, r, margin) for c, r, margin in out], dropped
-
-
-def scores(model, examples: list, pad_id: int, device: str):
-    """One float score per tokenized example, in one right-padded forward (the head reads the last non-pad token)."""
-    batch = collate(examples, pad_id, False, device)
-    return model(input_ids=batch.input_ids, use_cache=False).logits.squeeze(-1).float()
 
 
 def pair_scores(model, batch: list[Item], pad_id: int, device: str):

@@ -29,6 +29,8 @@ One module per job; this package re-exports their public names, so `rundir.X` re
 - output: whether a command may write where it was told (a new run, --resume, --overwrite, an output file);
 - lock: claiming an output folder for one run (its lock, and the staging folder of --overwrite);
 - run_yaml: run.yaml and what later commands read from it; adapter: checks of a LoRA adapter's files;
+- run: `open(path) -> Run`, a run read and checked once for every command that uses it (merge, export, eval,
+  generate, chat, serve, train --adapter), with its method's and stage's rows;
 - metrics: metrics.jsonl and loss.png; status: status.json, a run's state, and running() that keeps it for a run;
 - checkpoints: checkpoint-N/ and best/; tensors: the training state as safetensors + JSON.
 """
@@ -49,7 +51,8 @@ from roctune.rundir.lock import (STAGING_PREFIX, claim, lock_path, locked, remov
 from roctune.rundir.metrics import append_metrics, json_line, metrics_path, plot_loss, read_metrics, reset_metrics
 from roctune.rundir.output import (LOG_ONLY_FILES, check_new_output, check_output_file, check_writable_parent,
                                    clear_unsaved_run, is_unsaved_ended_run)
-from roctune.rundir.run_yaml import (base_model, method, read_run, rope_scaling, stage, template_name, tool_format,
+from roctune.rundir.run import Run, open_run as open, refuse_scorer  # noqa: A004 - rundir.open(path) -> Run
+from roctune.rundir.run_yaml import (base_model, method, read_run, rope_scaling, template_name, tool_format,
                                      total_steps, write_run)
 from roctune.rundir.status import (ACTIVE_PHASES, END_PHASES, RUN_STATES, read_status, run_state, status_path,
                                    summary, write_status)

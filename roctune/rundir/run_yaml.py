@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from roctune import strict_yaml
+from roctune import method_rows, strict_yaml
 from roctune.errors import RoctuneError
 from roctune.rundir.adapter import adapter_settings
 from roctune.rundir.atomic import atomic_write_text
@@ -88,19 +88,19 @@ def rope_scaling(run_dir: str | None) -> str:
 
 
 def method(run_dir: str) -> str:
-    """The method a run directory was trained with ("lora" when unknown)."""
-    if is_run_dir(run_dir):
-        return str(read_run(run_dir)["config"].get("method") or "lora")
-    if has_adapter(run_dir):
-        return "lora"
-    return "full" if os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)) else "lora"
+    """The method a run directory was trained with (roctune.method_rows; rundir.open gives its row)."""
+    return method_name(read_run(run_dir) if is_run_dir(run_dir) else {"config": {}}, run_dir)
 
 
-def stage(run_dir: str) -> str:
-    """The stage a run directory was trained with (roctune.stages: "sft" for a folder without run.yaml)."""
-    if os.path.isdir(run_dir) and is_run_dir(run_dir):
-        return str((read_run(run_dir).get("config") or {}).get("stage") or "sft")
-    return "sft"
+def method_name(doc: dict, run_dir: str) -> str:
+    """The method run.yaml records, else the default (an adapter folder) or the one that trains every parameter (a
+    folder holding a whole model without saying how it was trained)."""
+    recorded = doc["config"].get("method")
+    if recorded is not None:
+        return recorded
+    if not has_adapter(run_dir) and os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)):
+        return method_rows.able("trains_all")[0]
+    return method_rows.DEFAULT
 
 
 def total_steps(run_dir: str) -> int | None:

@@ -9,6 +9,7 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
+from roctune import method_rows
 from roctune.errors import RoctuneError
 from roctune.rundir.atomic import atomic_write_text, pid_alive
 from roctune.rundir.layout import MODEL_CONFIG, RUN_FILE, STATUS_FILE, has_adapter, is_run_dir
@@ -82,7 +83,7 @@ def summary(run_dir: str) -> dict:
             "total": (status or {}).get("total") or total_steps(run_dir),
             "loss": last.get("loss") if is_number(last.get("loss")) else None,
             "eval_loss": evals[-1]["eval_loss"] if evals else None,
-            "method": doc["config"].get("method") or ("lora" if has_adapter(run_dir) else None),
+            "method": doc["config"].get("method") or (method_rows.DEFAULT if has_adapter(run_dir) else None),
             "stage": doc["config"].get("stage"), "base_model": doc.get("base_model"), "updated": updated}
 
 

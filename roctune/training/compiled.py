@@ -34,7 +34,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from roctune.stages import ROWS
+from roctune.stages import DEFAULT, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,6 @@ log = logging.getLogger(__name__)
 # of a small model on a GPU well under a second (on the CPU the bundled model's compile is earned back after ~10
 # steps of 4.7 s), so shorter runs would spend more time compiling than the compiled steps save.
 AUTO_MIN_STEPS = 200
-# recipes whose training forward only sees full sequences; a stage that also generates token by token through the
-# same layers (GRPO: a new shape every token, compiled code would chase it) is left eager by auto.
-AUTO_RECIPES = tuple(s.name for s in ROWS if not s.samples)
 
 
 @dataclass(frozen=True)
@@ -53,15 +50,15 @@ class Choice:
     reason: str
 
 
-def choose_compile(setting: str, device: str, total_steps: int, method: str = "sft",
+def choose_compile(setting: str, device: str, total_steps: int, stage: str = DEFAULT,
                    sequence_parallel: int = 1) -> Choice:
     """Whether to compile the decoder layers, and why (printed like the dtype choice)."""
     if setting == "on":
         return Choice(True, "--compile on")
     if setting == "off":
         return Choice(False, "--compile off")
-    if method not in AUTO_RECIPES:
-        return Choice(False, f"auto: {method} generates through the layers (a new shape per token)")
+    if STAGES[stage].samples:  # a new shape every token: compiled code would chase it
+        return Choice(False, f"auto: {stage} generates through the layers (a new shape per token)")
     if sequence_parallel > 1:  # all-to-all collectives inside attention: not proven under compile
         return Choice(False, "auto: --sequence-parallel (its collectives run inside the layers; --compile on forces it)")
     if total_steps < AUTO_MIN_STEPS:
@@ -125,9 +122,9 @@ def compile_layers(model, backend: str = "inductor") -> int:
     return len(layers)
 
 
-def apply(model, setting: str, device: str, total_steps: int, method: str = "sft", sequence_parallel: int = 1) -> str:
+def apply(model, setting: str, device: str, total_steps: int, stage: str = DEFAULT, sequence_parallel: int = 1) -> str:
     """Choose (`choose_compile`) and, when on, compile the layers; returns the line for the log."""
-    choice = choose_compile(setting, device, total_steps, method, sequence_parallel)
+    choice = choose_compile(setting, device, total_steps, stage, sequence_parallel)
     if not choice.value:
         return f"compile: off ({choice.reason})"
     if any(getattr(layer, "gradient_checkpointing", False) for layer in decoder_layers(model)):

@@ -44,8 +44,9 @@ def out_of_memory_error(cfg, setup, step: int, micro_size: int) -> RoctuneError:
                f"--max-length {max(64, cfg.max_length // 2)}"]
     if not (cfg.grad_checkpointing or (setup.checkpointing and setup.checkpointing.on)):
         options.append("--grad-checkpointing")
-    if cfg.method == "lora":
-        options.append("--method qlora")
+    from roctune.method_rows import METHODS
+
+    options += [f"--method {m}" for m in METHODS[cfg.method].lighter]  # its row: what to try when it does not fit
     model = f" --model {cfg.model}" if cfg.model else ""
     return EnvironmentProblem(
         f"out of memory at step {step} with {micro_size} examples per micro-batch of up to {cfg.max_length} "

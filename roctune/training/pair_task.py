@@ -1,9 +1,17 @@
 """The loop's task for a recipe that scores preference pairs (dpo, rm): per micro-batch a loss per pair and a
 reward for each answer; logged are the mean rewards of chosen and rejected answers, their margin, and the share of
-pairs whose chosen answer scores higher (its name is the recipe's: dpo's reward_accuracy, rm's accuracy)."""
+pairs whose chosen answer scores higher (its name is the recipe's: dpo's reward_accuracy, rm's accuracy). `scores`:
+a scalar head's score of each example, as a reward model trains (recipes/rm.py) and is used (eval/reward_model.py)."""
 from __future__ import annotations
 
 from roctune.training import loop
+from roctune.training.batching import collate
+
+
+def scores(model, examples: list, pad_id: int, device: str):
+    """One float score per tokenized example, in one right-padded forward (the head reads the last non-pad token)."""
+    batch = collate(examples, pad_id, False, device)
+    return model(input_ids=batch.input_ids, use_cache=False).logits.squeeze(-1).float()
 
 
 def pair_task(items: list, eval_items: list, scored, accuracy: str, **more) -> loop.Task:

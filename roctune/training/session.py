@@ -155,8 +155,8 @@ def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_wi
 
 
 def build_trainable(cfg, setup: Setup, base_model: str, say, scalar_head: bool = False):
-    """The model for cfg.method (lora, qlora on a 4-bit base, freeze or full), with gradient checkpointing
-    when asked and the shortcuts its family has proven (roctune.training.shortcuts), said in one line; logs how many
+    """The model for cfg.method (built by its file in roctune.methods), with gradient checkpointing when asked
+    and the shortcuts its family has proven (roctune.training.shortcuts), said in one line; logs how many
     parameters train. `scalar_head`: a reward model (methods.build_model). Returns (model, plan)."""
     from roctune.methods import build_model
     from roctune.training import shortcuts
@@ -298,7 +298,9 @@ def _memory_available(device: str, method: str) -> tuple[str, int | None]:
         import torch
 
         return "this GPU's memory", torch.cuda.mem_get_info()[1]
-    if method in ("full", "freeze"):
+    from roctune.method_rows import METHODS
+
+    if METHODS[method].trains_base:
         import psutil
 
         return "the free RAM", psutil.virtual_memory().available

@@ -74,8 +74,7 @@ def check_table(check: dict | None) -> str:
 
 def build(gr, ws, lang) -> SimpleNamespace:
     """The Export tab (call inside gr.Tabs). Returns its components; `adapter` is filled in when a run ends."""
-    from roctune.export import FORMATS
-    from roctune.export.gguf_file import KQUANTS, QUANTS
+    from roctune.export import FORMATS, quants
 
     ui = SimpleNamespace()
     with gr.Tab("Export", id="export"):
@@ -94,7 +93,7 @@ def build(gr, ws, lang) -> SimpleNamespace:
         with gr.Row():
             ui.gguf_output = gr.Textbox(label="export folder", scale=3, elem_id="rt-gguf-output")
             ui.fmt = gr.Dropdown(list(FORMATS), value="gguf", label="format", scale=1)
-            ui.quant = gr.Dropdown(list(QUANTS + KQUANTS), value="q8_0", label="quant", scale=1)
+            ui.quant = gr.Dropdown(list(quants.NAMES), value=quants.DEFAULT, label="quant", scale=1)
             ui.name = gr.Textbox(label="name (Ollama)", scale=1, elem_id="rt-gguf-name")
             ui.verify = gr.Checkbox(label="check after writing", value=True, scale=0)
             ui.gguf_overwrite = gr.Checkbox(label="overwrite", value=False, scale=0)
