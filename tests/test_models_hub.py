@@ -66,7 +66,7 @@ class Hub:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def __enter__(self) -> "Hub":
         return self
@@ -101,7 +101,8 @@ class Hub:
         siblings = [{"rfilename": n, "size": s, "blobId": self.digest(n, "git")} for n, s in rows]
         for row in siblings:
             if row["rfilename"].endswith(".safetensors"):
-                row["lfs"] = {"sha256": self.digest(row["rfilename"], "sha256"), "size": row["size"], "pointerSize": 134}
+                row["lfs"] = {"sha256": self.digest(row["rfilename"], "sha256"), "size": row["size"],
+                              "pointerSize": 134}
         return json.dumps({"id": REPO_ID, "sha": self.sha, "private": False, "siblings": siblings}).encode()
 
     def serve(self, h, body: bool) -> None:

@@ -14,7 +14,6 @@ MARKER = "roctune_pulled.json"
 PULLING = ".roctune_pulling"  # there from a pull's start until MARKER is written: the folder is not a model yet
 PARTIAL = ".roctune_partial"  # files being downloaded (<name>.part), kept for the next pull to resume
 MODELSCOPE_PREFIX = "modelscope:"
-HUBS = ("huggingface", "modelscope")
 
 
 def roctune_home() -> str:
