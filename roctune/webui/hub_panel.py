@@ -1,7 +1,8 @@
 """The Models panel: the model list (roctune.catalog: size, licence, downloaded or not) and a Download button that
 pulls a model through roctune.hub into $ROCTUNE_HOME/models (the hub as the server was started: HF_ENDPOINT for a
 mirror, ROCTUNE_HUB=modelscope for ModelScope), with a progress bar fed by the download's byte counts. A finished
-download joins every model dropdown and becomes the Train panel's model. One download at a time per server."""
+download joins every model dropdown and becomes the Train panel's model. One download at a time per server; a page
+that goes away stops its download (the next Download resumes it), and a download that ends frees the panel."""
 from __future__ import annotations
 
 import threading
@@ -82,12 +83,17 @@ def pull_steps(model_id: str, lang):
         yield refused, keep, keep
         return
     state: dict = {"done": 0, "total": 0}
+    cancel = threading.Event()
 
     def work():
         try:
-            state["folder"] = pull(model_id, progress=lambda done, total: state.update(done=done, total=total))
+            state["folder"] = pull(model_id, progress=lambda done, total: state.update(done=done, total=total),
+                                   cancel=cancel)
         except Exception as e:  # noqa: BLE001 - reported on the page below
             state["error"] = e
+        finally:
+            with _lock:  # the download frees the panel when it ends, whether or not its page is still there
+                _running.pop("id", None)
 
     thread = threading.Thread(target=work, daemon=True, name="roctune-pull")
     thread.start()
@@ -97,9 +103,9 @@ def pull_steps(model_id: str, lang):
                 step = progress_html(model_id, state["done"], state["total"])
             yield step, keep, keep
             thread.join(0.5)
-    finally:
-        if not thread.is_alive():
-            _running.pop("id", None)
+    except GeneratorExit:  # the page went away (Gradio closes its handler): stop the download; a later one resumes
+        cancel.set()
+        raise
     with language(lang):
         if "error" in state:
             last = failed(state["error"]), table_html(), keep
@@ -113,7 +119,7 @@ def pull_steps(model_id: str, lang):
 def _refusal(model_id: str, lang) -> str | None:
     """A bad id, or another download running: the status line; None when the download may start (it is then
     this server's running download)."""
-    from roctune.models import local_dir
+    from roctune.hub.store import local_dir
 
     with language(lang):
         try:
