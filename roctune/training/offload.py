@@ -32,6 +32,9 @@ MIN_OFFLOAD_BYTES = 1 << 20
 class CopyMover:
     """Synchronous copies (the CPU; and what a test compares against): out() and back() copy at once."""
 
+    def accepts(self, t) -> bool:
+        return True
+
     def out(self, t):
         return t.detach().to("cpu", copy=True), None
 
@@ -51,6 +54,9 @@ class CudaMover:
 
         self.torch = torch
         self.stream = torch.cuda.Stream(device=device)
+
+    def accepts(self, t) -> bool:
+        return t.is_cuda  # a tensor already in host memory stays there
 
     def out(self, t):
         torch = self.torch
@@ -130,7 +136,7 @@ class Scheduler:
 
     def pack(self, t):
         group = self.current
-        if group is None or t.numel() * t.element_size() < self.min_bytes or t.device.type == "meta":
+        if group is None or t.numel() * t.element_size() < self.min_bytes or not self.mover.accepts(t):
             return (None, t)  # outside an offloaded layer, or too small to matter: kept as it is
         self._note("pack", group)
         host, done = self.mover.out(t)
