@@ -31,8 +31,6 @@ class Setup:
     tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
     template: dict = field(default_factory=dict)  # {"name": a templates row or None (the model's own), "reason"}
     turn_tokens: dict = field(default_factory=dict)  # {token: id}: a row's markers, whose rows LoRA trains too
-    # padded batches' widths are rounded up to these (compiled layers: a few shapes; roctune.training.compiled)
-    length_buckets: tuple = ()
 
 
 def choose(cfg, base_model: str) -> Setup:
