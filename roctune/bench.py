@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from roctune.method_rows import DEFAULT as DEFAULT_METHOD, METHODS
+
 WORDS = ("the model learns from data and every answer follows a clear style while training runs on the "
          "graphics card or the processor with memory time speed loss rate batch token layer weight value "
          "question explain describe write list summarize compare short long simple detailed example "
@@ -82,7 +84,7 @@ class Workload:
     grad_checkpointing: bool = False
     group_by_length: bool = True
     compile: str = "off"
-    method: str = "lora"  # lora or qlora (the baseline loads the base in 4-bit NF4 as QLoRA tutorials do)
+    method: str = DEFAULT_METHOD  # an adapter method (a quantized one's baseline loads NF4 as QLoRA tutorials do)
     fused_kernels: str = "auto"
     offload: str = "auto"
 
@@ -243,7 +245,7 @@ def run_baseline(w: Workload) -> dict:
                 timing["losses"].append(float(logs["loss"]))
 
     torch.manual_seed(w.seed)
-    if w.method == "qlora":  # the QLoRA recipe: NF4 base, double quantization, then peft's k-bit preparation
+    if METHODS[w.method].quantized:  # the QLoRA recipe: NF4 base, double quantization, then peft's k-bit preparation
         from peft import prepare_model_for_kbit_training
         from transformers import BitsAndBytesConfig
 
