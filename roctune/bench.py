@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from roctune.method_rows import DEFAULT as DEFAULT_METHOD, METHODS
+
 WORDS = ("the model learns from data and every answer follows a clear style while training runs on the "
          "graphics card or the processor with memory time speed loss rate batch token layer weight value "
          "question explain describe write list summarize compare short long simple detailed example "
@@ -82,6 +84,9 @@ class Workload:
     grad_checkpointing: bool = False
     group_by_length: bool = True
     compile: str = "off"
+    method: str = DEFAULT_METHOD  # an adapter method (a quantized one's baseline loads NF4 as QLoRA tutorials do)
+    fused_kernels: str = "auto"
+    offload: str = "auto"
 
 
 # The optimizer step whose aten ops are counted (torch.profiler) is step PROFILED_STEP (0-based): after the first,
@@ -138,7 +143,8 @@ def _train_config(w: Workload, output: str):
         lora_dropout=w.lora_dropout, target_modules=list(w.target_modules), lr=w.lr, seed=w.seed,
         device=w.device, dtype=w.dtype, attn=w.attn, packing=w.packing, overwrite=True,
         loss_on_supervised_only=w.loss_on_supervised_only, grad_checkpointing=w.grad_checkpointing,
-        group_by_length=w.group_by_length, compile=w.compile)
+        group_by_length=w.group_by_length, compile=w.compile, method=w.method, fused_kernels=w.fused_kernels,
+        offload=w.offload)
 
 
 def run_roctune(w: Workload) -> dict:
@@ -239,7 +245,18 @@ def run_baseline(w: Workload) -> dict:
                 timing["losses"].append(float(logs["loss"]))
 
     torch.manual_seed(w.seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(dtype), attn_implementation=w.attn).to(device)
+    if METHODS[w.method].quantized:  # the QLoRA recipe: NF4 base, double quantization, then peft's k-bit preparation
+        from peft import prepare_model_for_kbit_training
+        from transformers import BitsAndBytesConfig
+
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                   bnb_4bit_compute_dtype=torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(dtype), attn_implementation=w.attn,
+                                                     quantization_config=quant, device_map={"": device})
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=w.grad_checkpointing)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(dtype),
+                                                     attn_implementation=w.attn).to(device)
     torch.manual_seed(w.seed)
     model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", r=w.lora_r, lora_alpha=w.lora_alpha,
                                              lora_dropout=w.lora_dropout, target_modules=list(w.target_modules)))

@@ -161,7 +161,7 @@ def test_train_with_compile_on_logs_the_choice_and_eager_losses(family_dir, sft_
 
 def test_fused_kernels_are_opt_in_per_family_and_off_on_the_cpu_with_the_reason():
     from roctune.families import FAMILIES, FUSED_KERNELS
-    from roctune.training.fused import choose_fused, triton_problem
+    from roctune.training.fused import candidates, choose_fused, triton_problem
 
     for fam in FAMILIES:
         assert set(fam.fused_kernels) <= set(FUSED_KERNELS), fam.name
@@ -171,25 +171,102 @@ def test_fused_kernels_are_opt_in_per_family_and_off_on_the_cpu_with_the_reason(
     assert llama.kernels == () and "CPU" in llama.reason
     assert "opts in to no fused kernel" in choose_fused("auto", "cuda", {"model_type": "granite"}).reason
     assert choose_fused("off", "cuda", {"model_type": "llama"}).reason == "--fused-kernels off"
+    assert candidates("off", "cuda", {"model_type": "llama"}).kernels == ()
 
 
-def test_fused_kernels_are_switched_on_where_triton_runs(monkeypatch):
-    """The GPU decision without a GPU: Triton and liger-kernel reported present, the family's switches are chosen
-    and handed to Liger with every other switch off (the kernels themselves: doctor --selftest on a GPU)."""
+def _simulated_gpu(monkeypatch, tmp_path, card: dict, results: dict):
+    """A GPU as fused.py sees it: Triton present, the card's name, and the self-test's result per (card, dtype)."""
+    from roctune.training import fused
+
+    monkeypatch.setenv("ROCTUNE_HOME", str(tmp_path))
+    monkeypatch.setattr(fused, "triton_problem", lambda device: None)
+    monkeypatch.setattr(fused, "card_name", lambda: card["name"])
+    calls = []
+
+    def check(config, device, dtype, kernels):
+        calls.append((card["name"], dtype, config.model_type, kernels))
+        ok = results[(card["name"], dtype)]
+        return ok, "relative error vs float64 CPU: loss 1.0e-03" + ("" if ok else " > 3e-02")
+
+    monkeypatch.setattr(fused, "check_kernels", check)
+    return calls
+
+
+def test_fused_kernels_are_on_by_default_where_the_numeric_selftest_passes_on_that_card_and_dtype(monkeypatch,
+                                                                                                  tmp_path):
+    from transformers import LlamaConfig
+
+    from roctune.training import fused
+
+    card = {"name": "AMD Instinct MI300X (gfx942)"}
+    calls = _simulated_gpu(monkeypatch, tmp_path, card, {("AMD Instinct MI300X (gfx942)", "bf16"): True,
+                                                         ("AMD Instinct MI300X (gfx942)", "fp16"): False,
+                                                         ("NVIDIA GeForce RTX 4090", "bf16"): True})
+    llama = LlamaConfig()
+    on = fused.choose_fused("auto", "cuda", llama, "bf16")
+    assert on.kernels == ("rms_norm", "rope", "swiglu")
+    assert on.reason == "llama family; numeric self-test passed on AMD Instinct MI300X (gfx942) bf16"
+    assert len(calls) == 1 and calls[0][1:3] == ("bf16", "llama")
+    assert fused.choose_fused("auto", "cuda", llama, "bf16").kernels == on.kernels
+    assert len(calls) == 1  # the verdict is kept (ROCTUNE_HOME), not measured again
+    bad = fused.choose_fused("auto", "cuda", llama, "fp16")
+    assert bad.kernels == () and "failed on AMD Instinct MI300X (gfx942) fp16" in bad.reason
+    assert "> 3e-02" in bad.reason and "doctor --selftest" in bad.reason and len(calls) == 2
+    card["name"] = "NVIDIA GeForce RTX 4090"  # another card: its own self-test
+    assert fused.choose_fused("auto", "cuda", llama, "bf16").kernels == on.kernels and len(calls) == 3
+    (tmp_path / fused.VERDICTS_FILE).write_text("[not verdicts")  # a damaged file is measured again, not trusted
+    assert fused.choose_fused("auto", "cuda", llama, "bf16").kernels == on.kernels and len(calls) == 4
+    assert fused.choose_fused("off", "cuda", llama, "bf16").kernels == () and len(calls) == 4
+
+
+def test_fused_kernel_check_trains_a_tiny_model_of_the_family_and_puts_its_module_back(monkeypatch):
+    """The check itself on the CPU (no Triton here): the family's 2-layer model against float64 passes with
+    correct kernels, fails with a wrong one, and the transformers module a kernel patched is restored."""
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+    from transformers import Qwen2Config
+
+    from roctune.training import fused
+
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2)
+    monkeypatch.setattr(fused, "apply_fused", lambda model, kernels: None)
+    ok, text = fused.check_kernels(config, "cpu", "fp32", ("rms_norm",))
+    assert ok, text
+    real = qwen2.apply_rotary_pos_emb
+
+    def wrong_kernels(model, kernels):  # a RoPE kernel that rotates by the wrong angle, patched module-wide
+        qwen2.apply_rotary_pos_emb = lambda q, k, cos, sin, *a, **kw: real(q, k, cos * 0.9, sin, *a, **kw)
+        for layer in model.model.layers:  # transformers 5 binds the function on the attention module as well
+            if hasattr(layer.self_attn, "rotary_fn"):
+                layer.self_attn.rotary_fn = qwen2.apply_rotary_pos_emb
+
+    monkeypatch.setattr(fused, "apply_fused", wrong_kernels)
+    ok, text = fused.check_kernels(config, "cpu", "fp32", ("rope",))
+    assert not ok and "relative error" in text
+    assert qwen2.apply_rotary_pos_emb is real
+
+
+def test_fused_kernels_are_switched_on_where_triton_runs(monkeypatch, tmp_path):
+    """The GPU decision without a GPU: Triton and liger-kernel reported present and the self-test passing, the
+    family's switches are chosen and handed to Liger with every other switch off (the kernels themselves: doctor
+    --selftest on a GPU)."""
     import types
 
     from roctune.training import fused
 
-    monkeypatch.setattr(fused, "triton_problem", lambda device: None)
-    choice = fused.choose_fused("auto", "cuda", {"model_type": "gemma2"})
+    _simulated_gpu(monkeypatch, tmp_path, {"name": "NVIDIA H200"}, {("NVIDIA H200", "bf16"): True})
+    from transformers import Gemma2Config, LlamaConfig
+
+    choice = fused.choose_fused("auto", "cuda", Gemma2Config())
     assert choice.kernels == ("rms_norm", "rope", "geglu")
     seen = {}
     module = types.ModuleType("liger_kernel.transformers")
     module._apply_liger_kernel_to_instance = lambda model, **kw: seen.update(model=model, **kw)
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", module)
-    model = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
-    line = fused.apply(model, "auto", "cuda")
-    assert line.startswith("fused kernels: rms_norm, rope, swiglu (Liger-Kernel")
+    model = types.SimpleNamespace(config=LlamaConfig())
+    line = fused.apply(model, "auto", "cuda", "bf16")
+    assert line.startswith("fused kernels: rms_norm, rope, swiglu (Liger-Kernel; llama family; numeric self-test "
+                           "passed on NVIDIA H200 bf16")
     assert seen == {"model": model, "rope": True, "rms_norm": True, "swiglu": True, "geglu": False,
                     "cross_entropy": False, "fused_linear_cross_entropy": False}
 

@@ -7,7 +7,7 @@ import argparse
 from roctune import config
 
 # The settings estimate shares with `roctune train`: flags, types, choices, help and defaults from the schema.
-SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing")
+SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing", "offload")
 
 
 def register(sub) -> None:
@@ -164,7 +164,7 @@ def _train_settings(args):
                            lora_r=args.lora_r, lora_dropout=args.lora_dropout, target_modules=args.target_modules,
                            freeze_trainable_layers=args.freeze_layers, dtype=args.dtype, attn=args.attn,
                            grad_checkpointing=args.grad_checkpointing, grad_accum=1, optimizer=args.optimizer,
-                           loss_on_supervised_only=True)
+                           loss_on_supervised_only=True, offload=args.offload)
 
 
 def _auto_length(arch, cfg, args, where, memory_bytes, console) -> int:
@@ -187,6 +187,8 @@ def _auto_length(arch, cfg, args, where, memory_bytes, console) -> int:
         console.print(f"even 64 tokens do not fit {where} ({memory_bytes / GiB:.1f} GiB)")
         return 0
     console.print(est.format_table())
+    for note in est.notes:
+        console.print(f"note: {note}")
     console.print(f"longest --max-length that fits {where} ({memory_bytes / GiB:.1f} GiB): {best:,} tokens "
                   f"(batch {args.batch_size}, {est.total_bytes / GiB:.2f} GiB estimated)")
     if arch.max_positions and best > arch.max_positions:

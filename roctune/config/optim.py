@@ -42,6 +42,9 @@ class OptimSettings:
                 zh=("只在监督位置计算输出层", "只在需要学习的标签位置计算输出层"))
     grad_checkpointing: bool = setting(False, "recompute activations in backward: less memory, ~30% slower",
                 zh=("梯度检查点", "反向传播时重新计算激活：更省内存，约慢 30%"))
+    offload: str = setting("auto", "checkpointed layer inputs in pinned host memory, copied while layers compute "
+                           "(GPU); auto: from 16k tokens; on implies checkpointing", choices=("auto", "on", "off"),
+                zh=("卸载到主机内存", "检查点层的输入放在锁页主机内存中，复制与计算重叠（GPU）；auto：从 16k 词元起；on 隐含梯度检查点"))
     auto_batch: bool = setting(False, "after an out-of-memory error, retry with half the micro-batch and twice the "
                                "accumulation (same examples per step)",
                 zh=("自动批大小", "显存不足后，以一半的微批次和两倍的累积重试（每步样本数不变）"))

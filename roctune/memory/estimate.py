@@ -254,10 +254,11 @@ def _activations(r: _Run, p: _Params, details: dict) -> tuple[float, float]:
     recompute = 0
     if r.grad_checkpointing and saving_layers and r.long_context:
         recompute = _tiled_recompute(r, per_tok, quad)
-        kept = 1 if r.offload else saving_layers  # offloaded: only the layer being recomputed is back on the device
+        kept = 2 if r.offload else saving_layers  # offloaded: the layer recomputed and the next, prefetched
         act = kept * T * H * s + recompute
-        details["activations"] = (f"checkpointing: {saving_layers} layer inputs" + (" in host memory" if r.offload
-                                  else "") + f" + 1 layer recomputed, its MLP in tiles")
+        details["activations"] = (f"checkpointing: {saving_layers} layer inputs" + (" in host memory (2 back on the "
+                                  "GPU: one recomputed, the next prefetched)" if r.offload else "")
+                                  + " + 1 layer recomputed, its MLP in tiles")
     elif r.grad_checkpointing and saving_layers:
         # each layer's input is kept; during backward one layer is recomputed, plus its gradient buffers
         recompute = layer_bytes + T * (2 * arch.intermediate + 3 * H) * s
@@ -410,6 +411,8 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
                  "not_concurrent": int(not_together), "overhead": int(overhead)}
     if r.attn == "flash_attention_2" and r.dtype == "fp32":
         notes.append("flash_attention_2 needs bf16/fp16")
+    # offloaded: every checkpointed layer's input waits in pinned host memory
+    host = (p.trained_layers if not r.lora else arch.layers) * r.T * arch.hidden * r.s if r.offload else 0
     return MemoryEstimate(model=arch.name, settings=_settings(r, p), total_params=arch.total_params,
                           trainable_params=int(p.trainable), breakdown=breakdown, notes=notes,
-                          details={k: v for k, v in details.items() if breakdown.get(k)})
+                          details={k: v for k, v in details.items() if breakdown.get(k)}, host_bytes=int(host))

@@ -15,8 +15,8 @@ from roctune.method_rows import METHODS
 
 # Sequences of this many tokens and more are trained with layer checkpointing and MLP tiles without a flag.
 LONG_SEQUENCE = 2048
-# On a GPU, from this length on the checkpointed layer inputs wait in pinned host memory (offloading_checkpoint):
-# there they are most of what grows with the length, and a layer's compute hides their copy.
+# On a GPU, from this length on the checkpointed layer inputs wait in pinned host memory (roctune.training.offload):
+# there they are most of what grows with the length, and a layer's compute hides their copy (side stream).
 OFFLOAD_SEQUENCE = 16384
 
 
@@ -32,10 +32,21 @@ class Checkpointing:
             else "off"
 
 
-def choose_checkpointing(asked: bool, max_length: int, device: str) -> Checkpointing:
-    """Checkpointing for a run: asked for, or chosen because the sequences are long (see the module docstring)."""
-    offload = device == "cuda" and max_length >= OFFLOAD_SEQUENCE
-    why_offload = f"; inputs in pinned host memory from {OFFLOAD_SEQUENCE:,} tokens on a GPU" if offload else ""
+def choose_checkpointing(asked: bool, max_length: int, device: str, offload: str = "auto") -> Checkpointing:
+    """Checkpointing for a run: asked for, or chosen because the sequences are long (see the module docstring);
+    `offload` (--offload auto|on|off): its layer inputs in host memory, on a GPU only."""
+    from roctune.errors import ConfigError
+
+    if offload == "on" and device != "cuda":
+        raise ConfigError("--offload on needs a GPU (it moves layer inputs from GPU memory to host memory; the CPU "
+                          "keeps them in RAM already); drop --offload or use --device cuda")
+    if offload == "on":
+        return Checkpointing(True, True, "--offload on: every layer checkpointed, its input in pinned host memory "
+                                         "(copied while the next layers compute)")
+    on = offload == "auto" and device == "cuda" and max_length >= OFFLOAD_SEQUENCE
+    offload = on
+    why_offload = (f"; inputs in pinned host memory from {OFFLOAD_SEQUENCE:,} tokens on a GPU (copied while the next "
+                   "layers compute; --offload off keeps them on the GPU)") if offload else ""
     if asked:
         return Checkpointing(True, offload, "asked for with --grad-checkpointing" + why_offload)
     if max_length >= LONG_SEQUENCE:
@@ -62,9 +73,9 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
     chunked = known and bool(cfg.loss_on_supervised_only) and not METHODS[cfg.method].trains_all
     L = int(max_length or cfg.max_length)
     B = int(batch_size or cfg.batch_size)
-    plan = choose_checkpointing(bool(cfg.grad_checkpointing), L, device)
+    plan = choose_checkpointing(bool(cfg.grad_checkpointing), L, device, getattr(cfg, "offload", "auto"))
     targets = cfg.target_modules
-    return estimate(arch, method=cfg.method, batch_size=B, max_length=L, lora_r=cfg.lora_r,
+    est = estimate(arch, method=cfg.method, batch_size=B, max_length=L, lora_r=cfg.lora_r,
                     target_modules="all-linear" if targets == ["all-linear"] else targets,
                     dtype=dtype or _dtype(cfg, device), attn=attn or _attn(cfg),
                     grad_checkpointing=plan.on, long_context=plan.on and known, offload=plan.offload,
@@ -72,6 +83,10 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
                     grad_accum=cfg.grad_accum, padded=not packed and B > 1, device=device,
                     supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0,
                     optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked)
+    if plan.offload:
+        est.notes.append(f"checkpointed layer inputs offloaded: {est.host_bytes / 2**30:.2f} GiB of pinned host "
+                         f"memory, not in the GPU total ({plan.reason})")
+    return est
 
 
 def _dtype(cfg, device: str) -> str:

@@ -17,6 +17,7 @@ class MemoryEstimate:
     breakdown: dict[str, int]
     notes: list[str] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict, repr=False)  # how each line is counted
+    host_bytes: int = 0  # pinned host memory outside the total: offloaded layer inputs
 
     LABELS = {
         "weights": "weights",
@@ -47,7 +48,7 @@ class MemoryEstimate:
         return {"model": self.model, "settings": dict(self.settings), "total_params": self.total_params,
                 "trainable_params": self.trainable_params, "breakdown_bytes": dict(self.breakdown),
                 "total_bytes": self.total_bytes, "peak_tensor_bytes": self.peak_tensor_bytes,
-                "details": dict(self.details), "notes": list(self.notes)}
+                "host_bytes": self.host_bytes, "details": dict(self.details), "notes": list(self.notes)}
 
     def format_table(self, title: str | None = None):
         """A rich Table of the breakdown (lines that are zero are left out)."""

@@ -31,7 +31,7 @@ Long sequences (`long_sequence_layers`; roctune.memory.plan turns it on from 2,0
 every decoder layer is checkpointed, so between forward and backward a layer keeps only its input (hidden x tokens);
 inside the layer recomputed in backward, the MLP runs in sequence tiles (TiledMLP), so its [tokens x intermediate]
 tensors, the largest of a layer at 4 x intermediate per token with their gradients, exist a tile at a time; on a
-GPU from 16k tokens the kept inputs wait in pinned host memory (offloading_checkpoint). Attention needs nothing of
+GPU from 16k tokens the kept inputs wait in pinned host memory, copied on a side stream (training/offload.py). Attention needs nothing of
 ours: SDPA runs torch's flash kernel on the CPU too (output and log-sum-exp kept, O(length); tested), and the
 flash/memory-efficient kernels on GPUs. The output layer is chunked (training/losses.py)."""
 from __future__ import annotations
@@ -86,7 +86,6 @@ class _RecomputedLater:
 
     def __exit__(self, *exc):
         type(self).depth -= 1
-
 
 
 def _make_dropped_linear():
@@ -359,42 +358,27 @@ def tile_mlps(model, classes: tuple[str, ...], intermediate: int) -> int:
     return changed
 
 
-def offloading_checkpoint(fn, *args):
-    """torch's reentrant checkpoint of one decoder layer under save_on_cpu: the layer input it keeps (the only
-    tensor a checkpointed layer keeps until backward: hidden x tokens, every layer's together the largest part of
-    a long sequence's memory) waits in pinned host memory and comes back when backward reaches the layer.
-
-    Why reentrant here: torch's non-reentrant checkpoint holds the layer's inputs by reference, out of reach of
-    saved-tensor hooks; the reentrant one saves them with save_for_backward, which save_on_cpu moves. Its copies
-    are synchronous, one D2H and one H2D copy of hidden x tokens per layer per step: small beside the layer's own
-    compute at the lengths that need it. The RNG state is kept, so dropout redraws the same masks."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
-    def run(*inputs):  # forward without a graph, recomputed in backward with one: LoRA dropout draws alike
-        with _RecomputedLater():
-            return fn(*inputs)
-
-    with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
-        return checkpoint(run, *args, use_reentrant=True)
-
-
-def long_sequence_layers(model, offload: bool, family=None) -> str:
-    """Checkpoint every decoder layer (non-reentrant; with `offload`, offloading_checkpoint), and run the family's
+def long_sequence_layers(model, offload: bool, family=None, scheduler=None) -> str:
+    """Checkpoint every decoder layer (non-reentrant; with `offload`, roctune.training.offload's checkpoint, whose
+    layer inputs wait in host memory, through `scheduler` or one for the model's device), and run the family's
     MLPs in sequence tiles inside them. Returns what changed, for the log."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
     from transformers.modeling_layers import GradientCheckpointingLayer
 
+    from roctune.training import offload as offloading
+
     n_off = 0
     if offload:
+        scheduler = scheduler or offloading.scheduler_for(next(model.parameters()).device)
+        scheduler.inside = _RecomputedLater  # the layer's forward has no graph: LoRA dropout draws as recomputed
         for module in model.modules():
             if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
-                module._gradient_checkpointing_func = offloading_checkpoint
+                module._gradient_checkpointing_func = functools.partial(offloading.checkpoint, scheduler)
                 n_off += 1
     n_mlp = 0
     if family is not None:  # position-wise: fused gate_up MLPs tile the same way
         config = getattr(model, "config", None)
         n_mlp = tile_mlps(model, family.mlp_classes, int(getattr(config, "intermediate_size", 0) or 0))
-    return (f"every layer checkpointed{f', {n_off} with their inputs in host memory' if n_off else ''}; "
+    return (f"every layer checkpointed{f', {n_off} with their inputs in host memory (copies overlapped)' if n_off else ''}; "
             f"{n_mlp} MLPs run in sequence tiles")

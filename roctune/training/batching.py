@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def plan_batches(lengths: list[int], batch_size: int, seed: int, epoch: int, group_by_length: bool) -> list[list[int]]:
@@ -56,11 +56,35 @@ class Batch:
     # labels already hold each token's next token (labels[t] is the target of token t): a sequence-parallel shard,
     # whose last token's target is the first token of the next rank's shard (roctune.training.sequence_parallel)
     shifted: bool = False
+    # keyword arguments every attention layer gets, computed once per batch here (see `packed_attention_kwargs`)
+    attn_kwargs: dict = field(default_factory=dict)
 
 
 def supervised_count(labels: list[int]) -> int:
     """Positions whose next token is learned (the first token is never a target)."""
     return sum(1 for x in labels[1:] if x != -100)
+
+
+def packed_attention_kwargs(lengths: list[int], device: str) -> dict:
+    """transformers' FlashAttentionKwargs of a packed row of examples `lengths` long: the cumulative lengths
+    (int32, [n + 1]) and the longest, for queries and keys alike.
+
+    Why here: given only position_ids, transformers' flash-attention path derives them again in every layer
+    (`_is_packed_sequence`, then `prepare_fa_kwargs_from_position_ids`: a nonzero and a max, two host-device
+    syncs per layer, and again for each layer recomputed under checkpointing). The collate knows the lengths
+    already: one small host-to-device copy per batch, and every layer takes the varlen kernel's arguments as
+    they are. Kernels that do not take them (SDPA, eager) ignore them and build their mask from position_ids,
+    once per forward."""
+    import torch
+
+    from roctune.hardware.accel import to_device
+
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    cu_t = to_device(torch.tensor(cu, dtype=torch.int32), device)
+    longest = max(lengths)
+    return {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t, "max_length_q": longest, "max_length_k": longest}
 
 
 def collate(examples: list, pad_id: int, packed: bool, device: str) -> Batch:
@@ -85,7 +109,8 @@ def collate(examples: list, pad_id: int, packed: bool, device: str) -> Batch:
             labels += [-100] + e.labels[1:]
             pos += list(range(len(e.input_ids)))
         t = lambda x: to_device(torch.tensor([x], dtype=torch.long), device)  # noqa: E731
-        return Batch(t(ids), t(labels), None, t(pos), n_tokens, n_sup)
+        return Batch(t(ids), t(labels), None, t(pos), n_tokens, n_sup,
+                     attn_kwargs=packed_attention_kwargs([len(e.input_ids) for e in examples], device))
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), -100, dtype=torch.long)

@@ -141,7 +141,7 @@ def fit(cfg, setup: Setup, model, task: Task, dist: Context, say, progress: bool
 
     # before DDP/FSDP wrap the model: kernels and the layers' forward are replaced in place, whatever wraps them
     # later; the fused kernels first, so the compiled layers trace them
-    say(fused.apply(model, cfg.fused_kernels, setup.device))
+    say(fused.apply(model, cfg.fused_kernels, setup.device, setup.dtype))
     say(compiled.apply(model, cfg.compile, setup.device, len(steps) - start, cfg.stage, cfg.sequence_parallel))
     forward, model, ddp = _engine(model, task, cfg, setup, dist)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -111,7 +111,8 @@ def _frozen_head(model, head: Head | None):
 
 def _hidden(model, batch):
     return _base(model).get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                              position_ids=batch.position_ids, use_cache=False).last_hidden_state
+                                      position_ids=batch.position_ids, use_cache=False,
+                                      **batch.attn_kwargs).last_hidden_state
 
 
 def _predicting(batch, x):
@@ -134,7 +135,7 @@ def supervised_logits(model, batch, head: Head | None):
         logits = head.apply(_base(model).get_output_embeddings()(_predicting(batch, _hidden(model, batch))[mask]))
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False)
+                    position_ids=batch.position_ids, use_cache=False, **batch.attn_kwargs)
         logits = _predicting(batch, out.logits)[mask]
     return logits, targets[mask], mask
 

@@ -50,7 +50,7 @@ def choose(cfg, base_model: str) -> Setup:
     # Sequence parallelism cuts rows into token slices, which a packed row's restarting positions would not survive.
     packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
                                      and cfg.batch_size > 1 and cfg.sequence_parallel == 1)
-    ckpt = choose_checkpointing(cfg.grad_checkpointing, cfg.max_length, device.value)
+    ckpt = choose_checkpointing(cfg.grad_checkpointing, cfg.max_length, device.value, cfg.offload)
     return Setup(base_model, device.value, dtype.value, attn.value,
                  {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason, "checkpointing": ckpt.reason},
                  packed, ckpt)
@@ -291,6 +291,13 @@ def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: fl
         say(f"warning: estimated peak memory {est.total_bytes / 2**30:.1f} GiB exceeds {where} "
             f"({free / 2**30:.1f} GiB); see `roctune estimate --suggest` (lower --max-length or --batch-size, "
             "add --grad-checkpointing, or use --method lora/qlora)")
+    if est.host_bytes:  # offloaded layer inputs: pinned host memory, which the machine's free RAM must hold
+        import psutil
+
+        say(f"offload: the checkpointed layer inputs take {est.host_bytes / 2**30:.1f} GiB of pinned host memory "
+            f"({psutil.virtual_memory().available / 2**30:.1f} GiB of RAM free)")
+        if est.host_bytes > psutil.virtual_memory().available:
+            say("warning: that is more than the free RAM; lower --max-length or use --offload off")
 
 
 def _memory_available(device: str, method: str) -> tuple[str, int | None]:
