@@ -297,3 +297,272 @@ def test_a_failing_tool_is_an_error_in_the_episode_and_the_run_finishes(tiny_mod
         with pytest.raises(socket.timeout):
             listener.accept()  # nothing came through
     listener.close()
+
+
+# ------------------------------------------------------------------------------------- episode rules
+def test_the_turn_and_token_limits_end_episodes(default_model_dir, lookup_file):
+    """--max-tool-turns rounds of calls at most (the next turn's calls are not run: cut by turns); results that
+    would fill the token budget are not added (cut by tokens); a turn cut by the budget runs no call."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    spec = parse_spec([lookup_file], None, 10, 2048)
+    lamp = call("lookup", item="lamp")
+    made, _ = run_scripted(tok, spec, ["Q?"], ep.Limits(2, 300), [[lamp, lamp, lamp, "never"]])
+    e = made[0]
+    assert e.cut == "turns" and e.calls == 3 and e.valid == 2 and sum(m["role"] == "tool" for m in e.messages) == 2
+    assert e.mask[-1] == 1 and len([m for m in e.messages if m["role"] == "assistant"]) == 3
+    made, _ = run_scripted(tok, spec, ["Q?"], ep.Limits(5, 40), [[lamp, "never"]])
+    assert made[0].cut == "tokens" and made[0].valid == 1 and all(made[0].mask)  # the results did not fit
+    made, _ = run_scripted(tok, spec, ["Q?"], ep.Limits(5, 10), [[lamp]])
+    assert made[0].cut == "tokens" and made[0].calls == 0 and len(made[0].ids) == 10  # cut inside the call
+
+
+ENV = '''
+class Counter:
+    """A counter the model may add to; its reward is how close it gets to the row's target."""
+
+    def reset(self, target: int = 0, **row) -> str:
+        self.n, self.target = 0, target
+        return f" (the target is {target})"
+
+    def add(self, k: int) -> str:
+        """Add to the counter.
+
+        Args:
+            k: how much
+        """
+        self.n += k
+        return str(self.n)
+
+    def crash(self) -> str:
+        """End the tool process."""
+        import os
+        os._exit(9)
+
+    def get_reward(self) -> float:
+        return -abs(self.target - self.n)
+
+    def _helper(self):
+        return None
+'''
+
+
+def test_an_environment_per_episode_survives_a_crash_of_the_tool_process(default_model_dir, tmp_path):
+    """--environment: a fresh instance per episode, reset(**row) appended to the prompt, public methods as tools,
+    get_reward() as a reward; a call that kills the tool process is an error for its episode, and every
+    environment is rebuilt (its calls replayed) so the others go on from where they were."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    (tmp_path / "env.py").write_text(ENV)
+    spec = parse_spec([], f"{tmp_path / 'env.py'}:Counter", 10, 2048)
+    catalog = describe(spec)
+    assert catalog.names == ["add", "crash"] and catalog.reward and catalog.environment == "Counter"
+    scripts = [[call("add", k=2), call("add", k=3), "done"], [call("add", k=1), call("crash"), "oops"]]
+    from roctune.data.prompts import PromptRecord
+
+    recs = [PromptRecord("x", [{"role": "user", "content": "Count"}], {"target": 5})]
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    with ToolSession(spec) as session:
+        made = ep.start(tok, catalog, session, recs, 2, [0, 1])
+        assert "Count (the target is 5)" in tok.decode(made[0].prompt)
+        ep.run(made, scripted(tok, stop, scripts), tok, "hermes", session, ep.Limits(3, 300), {stop})
+        assert session.restarts == 1
+        assert ep.rewards_of(session, made) == [0.0, -4.0]  # 2 + 3 = 5 kept across the restart; 1 in the other
+    assert made[1].error_kinds == {"crash": 1}
+    assert "crash ended the tool process (it exited with code 9)" in made[1].messages[3]["content"]
+
+
+def test_schemas_are_transformers_and_bad_files_are_one_line(tmp_path, lookup_file):
+    import importlib.util
+
+    from transformers.utils import get_json_schema
+
+    from roctune.errors import ToolError
+
+    spec = importlib.util.spec_from_file_location("shop_schema", lookup_file)
+    shop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shop)
+    (tmp_path / "more.py").write_text(LOOKUP + "\n\ndef helper(x):\n    return x\n\n\nimport json\n")
+    assert describe(parse_spec([str(tmp_path / "more.py")], None, 10, 2048)).schemas == [get_json_schema(shop.lookup)]
+    for text, says in (("def f(x: int) -> int:\n    '''No args documented.'''\n    return x\n", "f"),
+                       ("import not_a_module_anywhere\n", "ModuleNotFoundError"),
+                       ("def _private(x: int) -> int:\n    '''Hidden.'''\n", "no tools found")):
+        (tmp_path / "bad.py").write_text(text)
+        with pytest.raises(ToolError) as e:
+            describe(parse_spec([str(tmp_path / "bad.py")], None, 10, 2048))
+        assert str(tmp_path / "bad.py") in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tool_files_only_from_the_command_line(tmp_path):
+    from roctune import config
+    from roctune.errors import ConfigError
+    from roctune.webui.train_form import form_specs
+
+    for line in ("tools: [evil.py]", "environment: evil.py:Env"):
+        (tmp_path / "c.yaml").write_text("stage: grpo\nrewards: [answer]\n" + line + "\n")
+        with pytest.raises(ConfigError, match="only be given on the command line"):
+            config.from_sources(str(tmp_path / "c.yaml"))
+    with pytest.raises(ConfigError, match="only be given on the command line"):
+        config.from_sources(overrides=["tools=evil.py"])
+    names = {s["name"] for s in form_specs()}
+    assert not names & {"tools", "environment", "reward_file"} and "max_tool_turns" in names
+    cfg = config.from_sources(flags={"stage": "sft", "data": ["d"], "output": "o", "tools": ["t.py"]})
+    with pytest.raises(ConfigError, match="use them with --stage grpo"):
+        cfg.validate()
+
+
+def test_keyed_sampling_does_not_depend_on_the_batch(tiny_model_dir):
+    """An episode's tokens depend on its key and position only: alone, in another batch, in another order."""
+    from transformers import AutoModelForCausalLM
+
+    from roctune.decoding import sample_completions, sample_key
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    keys = [(sample_key(1, 0, i), 0) for i in range(3)]
+    together = sample_completions(model, prompts, [6, 4, 6], 1.0, 0.9, set(), 0, None, "cpu", keys)
+    alone = [sample_completions(model, [p], 6, 1.0, 0.9, set(), 0, None, "cpu", [k])[0] for p, k in zip(prompts, keys)]
+    assert [len(x) for x in together] == [6, 4, 6] and together[0] == alone[0] and together[2] == alone[2]
+    assert together[1] == alone[1][:4]
+    reordered = sample_completions(model, prompts[::-1], 6, 1.0, 0.9, set(), 0, None, "cpu", keys[::-1])
+    assert reordered[::-1][0] == alone[0] and reordered[0] == alone[2]
+    later = sample_completions(model, [prompts[0] + together[0][:3]], 3, 1.0, 0.9, set(), 0, None, "cpu",
+                               [(keys[0][0], 3)])
+    assert later[0] == together[0][3:]  # a turn continues its episode's draws
+    other = sample_completions(model, [prompts[0]], 6, 1.0, 0.9, set(), 0, None, "cpu", [(sample_key(2, 0, 0), 0)])
+    assert other[0] != alone[0]
+
+
+# ------------------------------------------------------------------------------ resume, two processes
+PROBE_OK = PROBE.replace("BODY", "return f'probed {x}: 7'")
+VOWELS = ("def vowels(completions, **kwargs):\n"
+          "    texts = [c[-1]['content'] for c in completions]\n"
+          "    return [sum(ch in 'aeiou' for ch in t) / (1 + len(t)) for t in texts]\n")
+
+
+def agent_cfg(tmp_path, model, out, **kw):
+    (tmp_path / "probe.py").write_text(PROBE_OK)
+    (tmp_path / "vowels.py").write_text(VOWELS)
+    settings = dict(rewards=[], reward_file=[str(tmp_path / "vowels.py")], max_steps=4, num_generations=2,
+                    max_completion_length=72, kl_beta=0.05, lora_dropout=0.1, temperature=1.0)
+    return tool_cfg(tmp_path, model, str(tmp_path / "probe.py"), out, **{**settings, **kw})
+
+
+def test_agent_grpo_resume_gives_the_uninterrupted_run(tiny_model_dir, tokenizer, tmp_path, monkeypatch):
+    """Episodes (a scripted call, its result, then the model's own sampled answer) are the same after --resume:
+    the same rewards per step and the same adapter."""
+    from agent_policy import call_ids, install
+    from conftest import read_metrics, resume_after_a_kill, run_train
+    from safetensors.torch import load_file
+
+    install(call_ids(tokenizer, "probe", x="a"), monkeypatch.setattr)
+    run_train(agent_cfg(tmp_path, tiny_model_dir, "full"))
+    resume_after_a_kill(lambda out, **kw: agent_cfg(tmp_path, tiny_model_dir, out.name, **kw), tmp_path / "full",
+                        tmp_path / "part")
+    full, part = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "part")
+    assert [r["reward"] for r in part] == [r["reward"] for r in full] and len({r["reward"] for r in full}) > 1
+    assert all(r["valid_tool_calls"] == 1.0 for r in full)
+    a, b = load_file(tmp_path / "full" / "adapter_model.safetensors"), load_file(tmp_path / "part" /
+                                                                                   "adapter_model.safetensors")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+@pytest.mark.slow
+def test_agent_grpo_two_processes_equal_one_with_twice_the_accumulation(tiny_model_dir, tokenizer, tmp_path,
+                                                                        monkeypatch):
+    """--nproc 2 (gloo, DDP) samples the same episodes as one process with twice the accumulation (keyed draws),
+    so the losses and rewards per step are the same."""
+    import subprocess
+    import sys
+
+    from agent_policy import call_ids, site_folder
+    from conftest import REPO, read_metrics, run_train
+
+    ids = call_ids(tokenizer, "probe", x="a")
+    one = agent_cfg(tmp_path, tiny_model_dir, "one", grad_accum=2, max_steps=2, lora_dropout=0.0)
+    import agent_policy
+
+    agent_policy.install(ids, monkeypatch.setattr)
+    site = site_folder(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, REPO]), OMP_NUM_THREADS="1",
+               ROCTUNE_TEST_CALL_IDS=json.dumps(ids))
+    cmd = [sys.executable, "-m", "roctune", "train", "--stage", "grpo", "--data", one.data[0], "--output",
+           str(tmp_path / "two"), "--model", tiny_model_dir, "--device", "cpu", "--nproc", "2", "--tools",
+           str(tmp_path / "probe.py"), "--reward-file", str(tmp_path / "vowels.py"), "--num-generations", "2",
+           "--max-completion-length", "72", "--batch-size", "1", "--grad-accum", "1", "--max-steps", "2",
+           "--target-modules", "all-linear", "--lr", "5e-3", "--lora-dropout", "0", "--kl-beta", "0.05",
+           "--seed", "3", "--max-tool-turns", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_train(one)
+    two, single = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
+    assert [r["completions"] for r in two] == [4, 4] and all(r["valid_tool_calls"] == 1.0 for r in two)
+    assert [r["reward"] for r in two] == pytest.approx([r["reward"] for r in single], abs=1e-6)
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in single], rel=1e-4, abs=1e-7)
+    assert any(r["loss"] != 0 for r in single)
+
+
+# ------------------------------------------------------------------------------------------ eval, chat
+USED_TOOL = ("def used_tool(completions, **kwargs):\n"
+             "    # reads the whole episode: 1 when a tool returned a result\n"
+             "    return [float(any(m['role'] == 'tool' and not m['content'].startswith('error') for m in c))\n"
+             "            for c in completions]\n")
+
+
+@pytest.fixture(scope="module")
+def agent_grpo_run(tiny_model_dir, tokenizer, tmp_path_factory):
+    """A 1-step agent GRPO run on the tiny model (the stand-in policy calls probe first)."""
+    from agent_policy import call_ids, install
+    from conftest import run_train
+
+    tmp = tmp_path_factory.mktemp("agent-run")
+    mp = pytest.MonkeyPatch()
+    install(call_ids(tokenizer, "probe", x="a"), mp.setattr)
+    try:
+        run_train(agent_cfg(tmp, tiny_model_dir, "run", max_steps=1))
+    finally:
+        mp.undo()
+    return tmp
+
+
+def test_eval_with_tools_reports_base_and_tuned_agents(agent_grpo_run, tokenizer, monkeypatch, capsys):
+    from agent_policy import call_ids, install
+    from roctune.cli import main
+
+    tmp = agent_grpo_run
+    (tmp / "used.py").write_text(USED_TOOL)
+    install(call_ids(tokenizer, "probe", x="a"), monkeypatch.setattr)
+    capsys.readouterr()
+    assert main(["eval", "--adapter", str(tmp / "run"), "--data", str(tmp / "p.jsonl"), "--tools",
+                 str(tmp / "probe.py"), "--reward-file", str(tmp / "used.py"), "--max-new-tokens", "60",
+                 "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["n"] == 4
+    for side in ("base", "tuned"):
+        assert got[side]["reward"] == 1.0 and got[side]["reward_used_tool"] == 1.0
+        assert got[side]["tool_calls"] == got[side]["valid_tool_calls"] == 1.0 and got[side]["tool_errors"] == 0
+        assert set(got[side]) >= {"malformed_share", "cut_tokens", "cut_turns"}
+    # in a settings file the tools are refused, as --reward-file is; a file that is not there is one line
+    assert main(["eval", "--adapter", str(tmp / "run"), "--data", str(tmp / "p.jsonl"), "--tools",
+                 str(tmp / "nope.py"), "--reward", "answer"]) != 0
+    assert "--tools" in capsys.readouterr().err
+
+
+def test_chat_with_tools_shows_calls_and_results(agent_grpo_run, tokenizer, monkeypatch, capsys):
+    import io
+    import sys
+
+    from agent_policy import call_ids, install
+    from roctune.cli import main
+
+    tmp = agent_grpo_run
+    install(call_ids(tokenizer, "probe", x="b"), monkeypatch.setattr)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Probe b please\n/quit\n"), "utf-8"))
+    capsys.readouterr()
+    assert main(["chat", "--adapter", str(tmp / "run"), "--device", "cpu", "--tools", str(tmp / "probe.py"),
+                 "--max-new-tokens", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "tools probe" in out and "you> Probe b please" in out
+    assert 'assistant calls probe({"x": "b"})' in out and "tool probe: probed b: 7" in out

@@ -5,6 +5,7 @@ message sees the calls and results before it. An --environment gets one instance
 first user message as its `prompt` (a chat has no data row), its first observation appended to that message."""
 from __future__ import annotations
 
+import secrets
 from typing import Callable
 
 from roctune.agents import episodes as ep
@@ -52,7 +53,7 @@ class Conversation:
                    else contextlib.nullcontext())
             with ctx:
                 return sample_completions(model, prompts, limits, self.temperature, self.top_p, self.eos, self.pad,
-                                          None, self.loaded.device)
+                                          None, self.loaded.device, keys)
         return generate
 
     def answer(self, history: list[dict], side: int, use_adapter: bool,
@@ -69,7 +70,9 @@ class Conversation:
                 i = next(i for i, m in enumerate(history) if m["role"] == "user")
                 messages = history[:i] + [{**history[i], "content": history[i]["content"] + obs}] + history[i + 1:]
         ids, in_think = prompt_ids(self.loaded.tokenizer, messages, self.catalog.schemas)
-        episode = ep.Episode(ids, in_think, slot=side)
+        from roctune.decoding import sample_key
+
+        episode = ep.Episode(ids, in_think, key=sample_key(side, len(history), secrets.randbits(63)), slot=side)
         ep.run([episode], self._generate(use_adapter), self.loaded.tokenizer, self.fmt, self.session,
                self.limits, self.eos, on_turn=on_turn)
         return episode.messages

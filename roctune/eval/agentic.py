@@ -22,8 +22,8 @@ def greedy(loaded, use_adapter: bool, eos: set, pad: int) -> ep.Generate:
     def generate(prompts, limits, keys):
         ctx = (loaded.model.disable_adapter() if not use_adapter and hasattr(loaded.model, "disable_adapter")
                else contextlib.nullcontext())
-        with ctx:
-            return sample_completions(loaded.model, prompts, limits, 0.0, 1.0, eos, pad, None, loaded.device)
+        with ctx:  # greedy: the keys draw nothing, they only say where each episode is
+            return sample_completions(loaded.model, prompts, limits, 0.0, 1.0, eos, pad, None, loaded.device, keys)
     return generate
 
 
