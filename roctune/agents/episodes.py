@@ -109,7 +109,8 @@ def _take_turn(e: Episode, out: list[int], turn: int, tokenizer, tool_format: st
     e.ids += out
     e.mask += [1] * len(out)
     stopped = bool(out) and out[-1] in stop_ids
-    message, malformed = parse_turn(tokenizer.decode(out, skip_special_tokens=True), tool_format, e.in_think)
+    message, malformed = parse_turn(tokenizer.decode(out, skip_special_tokens=True), tool_format, e.in_think,
+                                    cut=not stopped)
     e.messages.append(message)
     e.malformed += malformed
     calls = message.get("tool_calls", [])

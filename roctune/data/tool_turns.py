@@ -51,11 +51,11 @@ def call_attempts(text: str, tool_format: str) -> int:
     return text.count(fmt.open)
 
 
-def parse_turn(text: str, tool_format: str, in_think: bool = False) -> tuple[dict, int]:
+def parse_turn(text: str, tool_format: str, in_think: bool = False, cut: bool = False) -> tuple[dict, int]:
     """(the assistant message of one model turn, in TRL's format: content and tool_calls with arguments as objects;
-    the number of malformed calls in it). Parsed by roctune.data.answer_format, the parser `serve` uses; a call whose
-    arguments are not a JSON object is malformed (not a call)."""
-    reasoning, content, found = parse_answer(text, tool_format, in_think)
+    the number of malformed calls in it). Parsed by roctune.data.answer_format, the parser `serve` uses (`cut`: the
+    token limit stopped the turn); a call whose arguments are not a JSON object is malformed (not a call)."""
+    reasoning, content, found = parse_answer(text, tool_format, in_think, cut)
     calls = []
     for c in found:
         try:
