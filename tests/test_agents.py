@@ -544,7 +544,7 @@ def test_eval_with_tools_reports_base_and_tuned_agents(agent_grpo_run, tokenizer
         assert got[side]["reward"] == 1.0 and got[side]["reward_used_tool"] == 1.0
         assert got[side]["tool_calls"] == got[side]["valid_tool_calls"] == 1.0 and got[side]["tool_errors"] == 0
         assert set(got[side]) >= {"malformed_share", "cut_tokens", "cut_turns"}
-    # in a settings file the tools are refused, as --reward-file is; a file that is not there is one line
+    # a tools file that is not there: one line naming the flag, before any model loads
     assert main(["eval", "--adapter", str(tmp / "run"), "--data", str(tmp / "p.jsonl"), "--tools",
                  str(tmp / "nope.py"), "--reward", "answer"]) != 0
     assert "--tools" in capsys.readouterr().err
@@ -566,3 +566,57 @@ def test_chat_with_tools_shows_calls_and_results(agent_grpo_run, tokenizer, monk
     out = capsys.readouterr().out
     assert "tools probe" in out and "you> Probe b please" in out
     assert 'assistant calls probe({"x": "b"})' in out and "tool probe: probed b: 7" in out
+
+
+def test_what_a_tool_returns_or_prints_is_checked_at_the_border(tmp_path):
+    """Results are text (TRL's str(result)), cut at RESULT_LIMIT characters; what a tool prints never reaches
+    the answers; arguments that do not fit the signature, and a result whose str() raises, are errors."""
+    from roctune.agents.worker import RESULT_LIMIT
+
+    (tmp_path / "odd.py").write_text('''
+import sys
+
+
+def big(n: int) -> str:
+    """Much text.
+
+    Args:
+        n: characters
+    """
+    print("noise on stdout " * 100)
+    print("noise on stderr", file=sys.stderr)
+    return "x" * n
+
+
+def shaped(a: int) -> dict:
+    """A dict.
+
+    Args:
+        a: a number
+    """
+    return {"a": a, "list": [1, 2]}
+
+
+class Bad:
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+def weird(a: int) -> str:
+    """An object that has no text.
+
+    Args:
+        a: a number
+    """
+    return Bad()
+''')
+    spec = parse_spec([str(tmp_path / "odd.py")], None, 10, 2048)
+    with ToolSession(spec) as s:
+        long = s.call(0, "big", {"n": RESULT_LIMIT + 50})
+        assert long.error is None and long.text.startswith("x" * RESULT_LIMIT)
+        assert long.text.endswith(f"[cut: the result had {RESULT_LIMIT + 50} characters]")
+        assert s.call(0, "shaped", {"a": 3}).text == "{'a': 3, 'list': [1, 2]}"
+        assert s.call(0, "weird", {"a": 1}).text == "error: weird raised RuntimeError: no text"
+        assert s.call(0, "shaped", {"b": 3}).error == "bad_arguments"
+        assert s.call(0, "shaped", {"a b": 3, "a": 1}).error == "bad_arguments"
+        assert s.restarts == 0
