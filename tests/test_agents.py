@@ -409,7 +409,7 @@ def test_tool_files_only_from_the_command_line(tmp_path):
     names = {s["name"] for s in form_specs()}
     assert not names & {"tools", "environment", "reward_file"} and "max_tool_turns" in names
     cfg = config.from_sources(flags={"stage": "sft", "data": ["d"], "output": "o", "tools": ["t.py"]})
-    with pytest.raises(ConfigError, match="use them with --stage grpo"):
+    with pytest.raises(ConfigError, match="--tools runs GRPO's agent episodes .* --stage grpo; drop it for --stage sft"):
         cfg.validate()
 
 
