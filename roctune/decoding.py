@@ -105,9 +105,10 @@ def advance(st: Batch) -> None:
 
 
 # ------------------------------------------------------------------------------------------- rollouts
-def sample_rows(logits, temperature: float, top_p: float, gen) -> list[int]:
+def sample_rows(logits, temperature: float, top_p: float, gen, u=None) -> list[int]:
     """One token per row of `logits` [rows, vocab] at `temperature` within the top-p nucleus, drawn with `gen`
-    (all rows in one draw: a batch's sampling costs one call whatever its size); temperature 0 is greedy."""
+    (all rows in one draw: a batch's sampling costs one call whatever its size), or with the uniform numbers `u`
+    [rows, 1] when given (`keyed_uniforms`); temperature 0 is greedy."""
     import torch
 
     if temperature <= 0:
@@ -120,10 +121,10 @@ def sample_rows(logits, temperature: float, top_p: float, gen) -> list[int]:
         sorted_p, order = torch.sort(probs, descending=True, dim=-1)
         sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p] = 0.0  # keep the smallest set reaching top_p
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
-    return draw_rows(probs, gen)
+    return draw_rows(probs, gen, u=u)
 
 
-def draw_rows(probs, gen, block: int = 256) -> list[int]:
+def draw_rows(probs, gen, block: int = 256, u=None) -> list[int]:
     """One index per row of `probs` [rows, n] (each row's weights, not necessarily summing to 1), by inverting the
     cumulative sum at one uniform draw per row, in two levels: first a block of `block` entries, then an entry in
     it. torch.multinomial draws an exponential for every entry (34 ms a call at 64 rows of SmolLM2's 49k vocabulary
@@ -136,7 +137,9 @@ def draw_rows(probs, gen, block: int = 256) -> list[int]:
     p = F.pad(probs, (0, -n % block)).view(rows, -1, block)  # zero weights pad the last block
     sums = p.sum(-1, dtype=torch.float64)
     cdf = sums.cumsum(-1)
-    u = torch.rand((rows, 1), generator=gen, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    if u is None:
+        u = torch.rand((rows, 1), generator=gen, dtype=torch.float64, device=probs.device)
+    u = u.to(device=probs.device, dtype=torch.float64) * cdf[:, -1:]
     b = _first_above(cdf, u)
     inner = p[torch.arange(rows, device=probs.device), b.squeeze(1)].double().cumsum(-1)
     i = _first_above(inner, u - (cdf.gather(1, b) - sums.gather(1, b)))
@@ -150,6 +153,35 @@ def _first_above(cdf, u):
 
     last = (cdf < cdf[:, -1:]).sum(-1, keepdim=True)  # where the total is first reached: the last positive weight
     return torch.minimum(torch.searchsorted(cdf, u, right=True), last)
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of `x` (Steele, Lea and Flood, 2014)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def sample_key(*parts: int) -> int:
+    """A 64-bit key for one sequence of draws from integers that name it (seed, step, prompt, sample)."""
+    key = 0
+    for p in parts:
+        key = _mix64(key ^ (p & _M64))
+    return key
+
+
+def keyed_uniforms(keys: list[int], counters: list[int]):
+    """[rows, 1] float64 uniforms in [0, 1), the `counter`-th draw of each row's key: a counter-based generator,
+    so a sequence's tokens do not depend on which other rows share its batch, process or turn (GRPO's tool
+    rollouts sample the same episode on one process or two, in one batch or another, resumed or not)."""
+    import torch
+
+    return torch.tensor([[(_mix64(k ^ _mix64(c)) >> 11) / 2.0 ** 53] for k, c in zip(keys, counters)],
+                        dtype=torch.float64)
 
 
 def cache_argument(model) -> str:
@@ -184,23 +216,28 @@ def _prefill_distinct(model, cache_arg: str, prompts: list[list[int]], pad_id: i
     return Batch(list(range(len(prompts))), cache, mask, pos[:, -1:], logits, cache_joinable(cache))
 
 
-def sample_completions(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                       eos_ids: set, pad_id: int, gen, device: str) -> list[list[int]]:
+def sample_completions(model, prompts: list[list[int]], max_new_tokens, temperature: float, top_p: float,
+                       eos_ids: set, pad_id: int, gen, device: str, keys: list[tuple[int, int]] | None = None
+                       ) -> list[list[int]]:
     """Completions of `prompts` (token ids), decoded together with a KV cache: one prefill of the left-padded
     distinct prompts (a prompt repeated for a group runs once), then one forward per token for the rows still
-    going; a row ends at an end-of-sequence token (kept as its last token) or after `max_new_tokens`. Runs without
-    gradients; the caller puts the model in eval mode."""
+    going; a row ends at an end-of-sequence token (kept as its last token) or after `max_new_tokens` (one number,
+    or one per row). Draws come from `gen`, or with `keys` [(key, first counter)] per row from `keyed_uniforms`.
+    Runs without gradients; the caller puts the model in eval mode."""
     import torch
 
     cache_arg = cache_argument(model)
     out: list[list[int]] = [[] for _ in prompts]
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     with torch.inference_mode():
         st = _prefill_distinct(model, cache_arg, prompts, pad_id, device)
         while True:
             keep, nxt = [], []
-            for j, (r, tok) in enumerate(zip(st.rows, sample_rows(st.logits, temperature, top_p, gen))):
+            u = None if keys is None or temperature <= 0 else keyed_uniforms(
+                [keys[r][0] for r in st.rows], [keys[r][1] + len(out[r]) for r in st.rows])
+            for j, (r, tok) in enumerate(zip(st.rows, sample_rows(st.logits, temperature, top_p, gen, u))):
                 out[r].append(tok)
-                if tok not in eos_ids and len(out[r]) < max_new_tokens:
+                if tok not in eos_ids and len(out[r]) < limits[r]:
                     keep.append(j)
                     nxt.append(tok)
             if not keep:

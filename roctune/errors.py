@@ -52,6 +52,12 @@ class RewardError(RoctuneError):
     names the function."""
 
 
+class ToolError(RoctuneError):
+    """A --tools or --environment file cannot be used (it does not import, defines no tool, documents one badly),
+    or the process that runs it cannot start; the message names the file. A tool call that fails is not an error:
+    it is an error message in the episode (roctune.agents.sandbox)."""
+
+
 def either(names) -> str:
     """Choices as a message names them: 'lora', 'lora or qlora', 'sft, dpo or kto'."""
     *rest, last = names

@@ -86,29 +86,42 @@ def one_side(args) -> dict:
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", type=int, default=8)
+def side_flags(doc: str, prompts: int, max_completion_length: int) -> argparse.ArgumentParser:
+    """The flags a rollout benchmark shares (its sizes, repeats, threads, and the side a child process runs)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=prompts)
     p.add_argument("--generations", type=int, default=8)
-    p.add_argument("--max-completion-length", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-completion-length", type=int, default=max_completion_length)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--side", choices=["roctune", "trl"], help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    p = side_flags(__doc__, 8, 64)
+    p.add_argument("--temperature", type=float, default=1.0)
     args = p.parse_args()
     if args.side:
         print(json.dumps(one_side(args)))
         return
+    rows = run_sides(__file__, sys.argv[1:])
+    print(f"roctune / TRL completions per second: {rows[0]['completions_per_s'] / rows[1]['completions_per_s']:.2f}x")
+
+
+def run_sides(script: str, argv: list[str]) -> list[dict]:
+    """Run `script --side roctune` and `--side trl` (with `argv`) one after the other, each in its own process;
+    print and return their result rows."""
     rows = []
     for side in ("roctune", "trl"):
-        out = subprocess.run([sys.executable, __file__, "--side", side] + sys.argv[1:], capture_output=True,
+        out = subprocess.run([sys.executable, script, "--side", side] + argv, capture_output=True,
                              text=True, env=dict(os.environ, PYTHONPATH=REPO, HF_HUB_OFFLINE="1"))
         if out.returncode:
             sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     for r in rows:
         print(json.dumps(r))
-    print(f"roctune / TRL completions per second: {rows[0]['completions_per_s'] / rows[1]['completions_per_s']:.2f}x")
+    return rows
 
 
 if __name__ == "__main__":

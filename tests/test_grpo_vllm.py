@@ -145,6 +145,64 @@ def test_vllm_greedy_completions_equal_roctunes(vllm_server, vllm_model_dir):
     assert os.path.isfile(os.path.join(vllm_server.work, vllm_server.step_name, "adapter_config.json"))
 
 
+def test_vllm_turns_of_agent_episodes(vllm_server, vllm_model_dir):
+    """`complete` (a turn of each episode still going): greedy, it gives roctune's tokens, each row within its own
+    limit; sampled, a row's tokens follow from its episode key and position, whatever shares the batch."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from roctune.decoding import sample_completions
+
+    tok = AutoTokenizer.from_pretrained(vllm_model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")).eval()
+    prompts = [tok(t)["input_ids"] for t in ("Say something about apples.", "Rivers", "One two three four")]
+    limits, keys = [8, 3, 5], [(11, 0), (12, 0), (13, 4)]
+    name = vllm_server.load_adapter(model, 0)
+    greedy = {"temperature": 0.0, "top_p": 1.0}
+    ours = sample_completions(model, prompts, limits, 0.0, 1.0, {tok.eos_token_id}, tok.pad_token_id, None, "cpu")
+    assert vllm_server.complete(name, prompts, limits, keys, greedy, {tok.eos_token_id}) == ours
+    hot = {"temperature": 1.0, "top_p": 1.0}
+    together = vllm_server.complete(name, prompts, [8, 8, 8], keys, hot, set())
+    alone = vllm_server.complete(name, prompts[2:], [8], keys[2:], hot, set())
+    assert together[2] == alone[0] and together[0] != vllm_server.complete(name, prompts[:1], [8], [(11, 1)], hot,
+                                                                          set())[0]
+
+
+def test_agent_grpo_with_vllm_turns(vllm_server, vllm_model_dir, tmp_path, monkeypatch):
+    """--tools with --rollout-engine vllm: every turn of a step's episodes is sampled by vLLM from the adapter
+    loaded once for the step (a scripted first turn calls the tool: the tiny model never would)."""
+    from conftest import read_metrics, run_train
+    from transformers import AutoTokenizer
+
+    from agent_policy import call_ids
+    from test_agents import PROBE_OK
+
+    monkeypatch.setattr(gv, "start", lambda cfg, base, setup: vllm_server)
+    ids = call_ids(AutoTokenizer.from_pretrained(vllm_model_dir), "probe", x="a")
+    real, turns = vllm_server.complete, []
+
+    def complete(name, prompts, limits, keys, settings, stop_ids):
+        turns.append(name)
+        first = [i for i, k in enumerate(keys) if k[1] == 0]
+        out = real(name, prompts, limits, keys, settings, stop_ids)
+        return [ids[:limits[i]] if i in first else c for i, c in enumerate(out)]
+
+    monkeypatch.setattr(vllm_server, "complete", complete)
+    monkeypatch.setattr(vllm_server, "close", lambda: None)  # the module's server stays for the next test
+    (tmp_path / "probe.py").write_text(PROBE_OK)
+    from test_grpo import grpo_cfg
+
+    loads = vllm_server.loads
+    cfg = grpo_cfg(tmp_path, vllm_model_dir, rollout_engine="vllm", max_steps=2, max_completion_length=64,
+                   tools=[str(tmp_path / "probe.py")], kl_beta=0.0, max_tool_turns=1)
+    run_train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert all(r["valid_tool_calls"] == 1.0 for r in rows) and len(turns) == 4  # two turns a step
+    assert vllm_server.loads - loads == 2 and turns[0] == turns[1] != turns[2]  # one adapter a step, for both turns
+
+
 def test_grpo_run_with_vllm_rollouts_trains_and_logs_rewards(vllm_server, vllm_model_dir, tmp_path, monkeypatch):
     from conftest import read_metrics, run_train
     from test_grpo import grpo_cfg
@@ -161,3 +219,4 @@ def test_grpo_run_with_vllm_rollouts_trains_and_logs_rewards(vllm_server, vllm_m
     assert any("sampled by a vLLM server" in x for x in lines)
     assert vllm_server.step_name.endswith("-step2") and vllm_server.loads >= 2  # one adapter loaded per step
     assert vllm_server.proc.poll() is not None and not os.path.exists(vllm_server.work)  # the run stopped it
+

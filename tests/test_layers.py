@@ -11,7 +11,7 @@ LAYERS = [  # top first
     ("commands", ["cli", "commands", "__main__"]),
     ("front ends", ["webui", "serve", "bench", "doctor"]),
     ("recipes", ["recipes"]),
-    ("inference: generation, merge, export, evaluation", ["generate", "decoding", "merge", "export", "eval"]),
+    ("inference: generation, merge, export, evaluation", ["generate", "decoding", "merge", "export", "eval", "agents"]),
     ("training engine", ["training"]),
     ("models", ["models", "hub", "methods", "memory"]),
     ("data formats", ["data"]),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.config.agents import ToolSettings
 from roctune.config.schema import LOSS_SCALE_LIMIT, _number, check_number, flag, setting
 from roctune.errors import ConfigError, either
 from roctune.method_rows import METHODS, able
@@ -17,7 +18,7 @@ ROLLOUT_ENGINES = ("roctune", "vllm")  # roctune.decoding, roctune.recipes.grpo_
 
 
 @dataclass
-class GrpoSettings:
+class GrpoSettings(ToolSettings):  # the tools' settings (roctune.config.agents) are GRPO's too
     DOES = "is a setting of GRPO: use it with"  # for the refusal on another stage (config/model.py)
     # ---- reinforcement learning (grpo); defaults are TRL's GRPOConfig's unless said
     num_generations: int = setting(8, "grpo: completions sampled per prompt (the group its advantages compare)",
@@ -91,9 +92,10 @@ class GrpoSettings:
 
         if not STAGES[self.stage].owns(GrpoSettings):  # its settings there: refused by ModelSettings.check
             return
-        if not self.rewards and not self.reward_file and not self.reward_model:
+        self.check_tools()
+        if not self.rewards and not self.reward_file and not self.reward_model and not self.environment:
             raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file "
-                              "FILE.py and/or --reward-model RUN")
+                              "FILE.py, --reward-model RUN and/or an --environment with get_reward()")
         if "format" in self.rewards:
             if not self.format_regex:
                 raise ConfigError("--reward format needs --format-regex REGEX (e.g. '^<answer>.*</answer>$')")

@@ -238,6 +238,13 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = No
     return _render(tokenizer, messages, True, tools)
 
 
+def render_conversation(tokenizer, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    """A whole conversation as the chat template writes it (tools and reasoning prepared as for training)."""
+    ensure_chat_template(tokenizer)
+    messages, tools = prepare_messages(tokenizer, messages, tools)
+    return _render(tokenizer, messages, add_generation_prompt, tools)
+
+
 def detect_tool_format(tokenizer) -> str | None:
     """The tool format this tokenizer's chat template (or roctune's fallback) writes calls in: a name from
     `answer_format.TOOL_FORMATS`, or None when the template writes them in a way roctune cannot parse."""

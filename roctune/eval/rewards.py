@@ -84,10 +84,13 @@ def _first_line(e: BaseException) -> str:
 
 # ------------------------------------------------------------------------------------------- built-ins
 def text_of(completion) -> str:
-    """The text of a completion in either of TRL's formats."""
+    """The text of a completion in either of TRL's formats; of an agent episode (messages with tool turns), its
+    final answer: what the model wrote after the last tool result, never the tools' text."""
     if isinstance(completion, str):
         return completion
-    return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    turns = [m for m in completion if isinstance(m, dict)]
+    last_tool = max((i for i, m in enumerate(turns) if m.get("role") == "tool"), default=-1)
+    return "".join(str(m.get("content") or "") for m in turns[last_tool + 1:] if m.get("role") != "tool")
 
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
@@ -279,9 +282,10 @@ def warn_if_replaceable(path: str) -> None:
                     "folder only you can write", path, why)
 
 
-def build(cfg, reward_files: list[str]) -> list[Reward]:
-    """The built-ins cfg.rewards names, then the functions of each --reward-file, with cfg.reward_weights (one per
-    function, in that order; all 1 when none are given)."""
+def build(cfg, reward_files: list[str], extra: tuple = ()) -> list[Reward]:
+    """The built-ins cfg.rewards names, then the functions of each --reward-file, the reward model, then `extra`
+    (an --environment's get_reward(), as TRL appends it), with cfg.reward_weights (one per function, in that order;
+    all 1 when none are given)."""
     rewards = [Reward(n, builtin(n, cfg)) for n in cfg.rewards]
     for spec in reward_files:
         rewards += load_reward_file(spec)
@@ -289,6 +293,7 @@ def build(cfg, reward_files: list[str]) -> list[Reward]:
         from roctune.eval.reward_model import reward_function
 
         rewards.append(Reward("reward_model", reward_function(cfg.reward_model, text_of, cfg.device)))
+    rewards += list(extra)
     if not rewards:
         raise ConfigError("--stage grpo needs a reward: --reward answer|format|length|json, --reward-file FILE.py "
                           "and/or --reward-model RUN")

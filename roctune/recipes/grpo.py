@@ -38,6 +38,7 @@ from roctune.training.grpo_loss import LossSettings, completion_logprobs, group_
 class Prompt:
     record: object  # roctune.data.prompts.PromptRecord
     ids: list[int]  # the rendered prompt's tokens
+    index: int = 0  # its place in the data (agent episodes draw their samples keyed by it)
 
 
 @dataclass
@@ -48,16 +49,17 @@ class Completion:
     ref: object = None  # reference log-probs of its tokens (--kl-beta > 0)
 
 
-def tokenize_prompts(tokenizer, records: list, max_length: int) -> tuple[list[Prompt], int]:
+def tokenize_prompts(tokenizer, records: list, max_length: int, tools: list | None = None) -> tuple[list[Prompt], int]:
+    """The prompts rendered (with the tool list of an agent run) and tokenized; those over max_length dropped."""
     from roctune.data.render import render_prompt
 
     out, dropped = [], 0
-    for r in records:
-        ids = tokenizer(render_prompt(tokenizer, r.messages), add_special_tokens=False)["input_ids"]
+    for i, r in enumerate(records):
+        ids = tokenizer(render_prompt(tokenizer, r.messages, tools), add_special_tokens=False)["input_ids"]
         if len(ids) > max_length:
             dropped += 1
         else:
-            out.append(Prompt(r, ids))
+            out.append(Prompt(r, ids, i))
     return out, dropped
 
 
@@ -66,7 +68,13 @@ def check_inputs(cfg, records: list) -> None:
     columns they read, and vLLM's python for --rollout-engine vllm."""
     from roctune.eval.rewards import build, check_columns
 
-    build(cfg, cfg.reward_file)
+    extra = ()
+    if cfg.uses_tools:  # the tool files import and define tools (in their own process), before the model loads
+        from roctune.agents.files import env_rewards
+        from roctune.recipes import grpo_tools
+
+        extra = env_rewards(cfg, grpo_tools.check(cfg))
+    build(cfg, cfg.reward_file, extra)
     check_columns(cfg, records)
     if cfg.rollout_engine == "vllm":
         from roctune.recipes.grpo_vllm import find_python
@@ -75,16 +83,28 @@ def check_inputs(cfg, records: list) -> None:
 
 
 def run(cfg, records: list, eval_records: list, base_model: str, say, progress: bool) -> dict:
+    import functools
+
     from roctune.eval import rewards as rw
 
-    funcs = rw.build(cfg, cfg.reward_file)  # a broken reward file fails before the model loads
+    catalog, extra = None, ()
+    if cfg.uses_tools:
+        from roctune.agents.files import env_rewards
+        from roctune.recipes import grpo_tools
+
+        catalog = grpo_tools.check(cfg)
+        extra = env_rewards(cfg, catalog)
+    funcs = rw.build(cfg, cfg.reward_file, extra)  # a broken reward file fails before the model loads
     setup, dist, tokenizer = session.start(cfg, base_model, say)
     say = say if dist.is_main else (lambda *_: None)  # only rank 0 talks
-    prompts, eval_prompts = session.tokenize_splits(tokenize_prompts, tokenizer, records, eval_records, cfg, say,
+    tokenize = functools.partial(tokenize_prompts, tools=catalog.schemas if catalog else None)
+    prompts, eval_prompts = session.tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say,
                                                     "prompt", too_long="the prompt")
     model, plan = session.build_trainable(cfg, setup, base_model, say)
     session.open_output(cfg, dist)
     g = _Grpo(cfg, setup, dist, tokenizer, model, plan, funcs, say)
+    if cfg.uses_tools:
+        g.tools = grpo_tools.ToolRollouts(cfg, tokenizer, setup.tool_format, g.eos, say)
     if cfg.rollout_engine == "vllm":
         from roctune.recipes import grpo_vllm
 
@@ -129,16 +149,22 @@ class _Grpo:
         self.eos = set(stop_token_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos)
         self.vllm = None  # roctune.recipes.grpo_vllm.VllmRollouts with --rollout-engine vllm
+        self.tools = None  # roctune.recipes.grpo_tools.ToolRollouts with --tools / --environment
 
     # ---- rollout
-    def sample(self, model, prompt_ids: list[list[int]], temperature: float, gen) -> list[list[int]]:
+    @staticmethod
+    def completion(item, advantage: float, n: int) -> Completion:
+        return Completion(item, advantage, n)
+
+    def sample(self, model, prompt_ids: list[list[int]], temperature: float, gen, limits=None,
+               keys=None) -> list[list[int]]:
         from roctune.decoding import sample_completions
 
         was = model.training
         model.eval()  # no dropout while sampling
         try:
-            return sample_completions(model, prompt_ids, self.cfg.max_completion_length, temperature, self.cfg.top_p,
-                                      self.eos, self.pad_id, gen, self.setup.device)
+            return sample_completions(model, prompt_ids, limits or self.cfg.max_completion_length, temperature,
+                                      self.cfg.top_p, self.eos, self.pad_id, gen, self.setup.device, keys)
         finally:
             model.train(was)
 
@@ -156,6 +182,8 @@ class _Grpo:
 
         from roctune.data.render import Tokenized
 
+        if self.tools is not None:
+            return self.tools.rollout(self, model, prompts, step)
         G = self.cfg.num_generations
         # seeded by (seed, step, rank): a resumed run samples what the uninterrupted one did, ranks sample apart
         seed = (self.cfg.seed * 1_000_003 + step) * 4099 + self.dist.rank
@@ -234,9 +262,15 @@ class _Grpo:
             row[k] = round(row[k] / n, 6)
         row["zero_std_fraction"] = round(row.pop("zero_std_groups", 0.0) / n, 6)
         row["completions"] = int(n)
+        if self.tools is not None:
+            from roctune.recipes.grpo_tools import derived
+
+            derived(row, n)
 
     # ---- evaluation and samples
     def eval_sums(self, model, items: list[Prompt]) -> dict[str, float]:
+        if self.tools is not None:
+            return self.tools.eval_sums(self, model, items)
         comps = self.sample(model, [p.ids for p in items], 0.0, None)  # greedy: one deterministic answer each
         per_func, total, _ = self.score(items, comps, 1, -1)
         out = {"reward": sum(v for v in total if v == v), "n": len(items)}

@@ -6,7 +6,8 @@ saved and loaded by vLLM's runtime LoRA API each step); with qlora, freeze or fu
 would have to be copied into vLLM every step. vLLM runs in its own python (`make vllm` builds .venv-vllm, or
 $ROCTUNE_VLLM_PYTHON), because it pins another transformers than roctune's; this module never imports it.
 
-Each rollout (`VllmRollouts.sample`): the adapter is saved (PEFT save_pretrained) into a hidden folder of the run
+Each rollout (`VllmRollouts.sample`; agent episodes: `load_adapter` once, then `complete` for each turn of the episodes
+still going): the adapter is saved (PEFT save_pretrained) into a hidden folder of the run
 (`.tmp-vllm-rollouts`, removed at the end, and by the next run's leftover cleanup if this one was killed), loaded
 under a per-step name (POST /v1/load_lora_adapter; the previous one unloaded), then each distinct prompt is one
 POST /v1/completions with its token ids, n = num_generations, a seed per (step, prompt) and the run's stop ids,
@@ -176,6 +177,25 @@ class VllmRollouts:
 
         with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
             return [c for group in pool.map(one, range(len(prompts))) for c in group]
+
+
+    def complete(self, name: str, prompts: list[list[int]], limits: list[int], keys: list[tuple[int, int]],
+                 settings: dict, stop_ids: set) -> list[list[int]]:
+        """One completion of each prompt from the adapter loaded as `name` (agent episodes: a turn of each episode
+        still going), each up to its own token limit, seeded by its episode's key and position (`keys`, as
+        roctune's keyed sampling), so a turn does not depend on what else shares the batch."""
+        from roctune.decoding import sample_key
+
+        self.wait_ready()
+        body = dict(settings, model=name, n=1, stop_token_ids=sorted(stop_ids), return_token_ids=True)
+
+        def one(i: int) -> list[int]:
+            seed = sample_key(*keys[i]) % 2**63
+            answer = self.post("/v1/completions", dict(body, prompt=prompts[i], max_tokens=limits[i], seed=seed))
+            return completion_ids(answer["choices"][0], stop_ids)
+
+        with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+            return list(pool.map(one, range(len(prompts))))
 
 
 def completion_ids(choice: dict, stop_ids: set) -> list[int]:

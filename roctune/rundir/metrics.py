@@ -66,9 +66,15 @@ def reset_metrics(run_dir: str, keep_until_step: int = 0) -> None:
     atomic_write_text(path, "".join(keep))
 
 
+# GRPO's agent episodes (roctune.recipes.grpo_tools): drawn in a second panel under the reward, per episode
+TOOL_CURVES = (("valid_tool_calls", "valid tool calls"), ("tool_calls", "tool calls"), ("tool_errors", "tool errors"),
+               ("malformed_share", "malformed share"), ("cut_tokens", "cut by tokens"), ("cut_turns", "cut by turns"))
+
+
 def plot_loss(run_dir: str) -> None:
     """loss.png from metrics.jsonl: train loss per step, eval loss where measured; for a run that logs a mean
-    reward (GRPO, whose loss is near 0 by construction) the reward and eval reward instead."""
+    reward (GRPO, whose loss is near 0 by construction) the reward and eval reward instead, and for agent episodes
+    their tool figures per episode in a second panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,13 +82,25 @@ def plot_loss(run_dir: str) -> None:
 
     rows = read_metrics(run_dir)
     key = "reward" if rows and all("reward" in r for r in rows) else "loss"
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    tools = [(k, label) for k, label in TOOL_CURVES if rows and all(k in r for r in rows)]
+    if tools:
+        fig, (ax, low) = plt.subplots(2, 1, figsize=(6, 6), dpi=100, sharex=True)
+    else:
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     y = lambda r, k: float("nan") if r[k] is None else r[k]  # noqa: E731 - null: a non-finite value (json_line)
+    for k, label in tools:
+        low.plot([r["step"] for r in rows], [y(r, k) for r in rows], label=label)
+    if tools:
+        low.set_ylabel("per episode")
+        low.set_xlabel("optimizer step")
+        low.grid(alpha=0.3)
+        low.legend(fontsize="small")
     ax.plot([r["step"] for r in rows], [y(r, key) for r in rows], label=f"train {key}")
     ev = [r for r in rows if f"eval_{key}" in r]
     if ev:
         ax.plot([r["step"] for r in ev], [y(r, f"eval_{key}") for r in ev], "o-", label=f"eval {key}")
-    ax.set_xlabel("optimizer step")
+    if not tools:
+        ax.set_xlabel("optimizer step")
     ax.set_ylabel("mean reward (higher is better)" if key == "reward" else "loss")
     ax.grid(alpha=0.3)
     ax.legend()

@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 FORM_GROUPS = ("data", "model", "training", "lora", "rl", "hardware", "run", "processes")
-# never on the page: a reward file is Python code that would run in the page's training process; like
-# --trust-remote-code for a model it is the user's decision at the command line (roctune train --reward-file).
+# never on the page: a reward file, a tools file and an environment class are Python code that would run on the
+# page's machine; like --trust-remote-code for a model they are the user's decision at the command line (roctune
+# train --reward-file / --tools / --environment).
 # Nor the settings of several machines: each node runs its own `roctune train` (the page's processes are this
 # machine's: --nproc, --fsdp, --sequence-parallel)
-PAGE_NEVER = ("reward_file", "nnodes", "node_rank", "master_addr", "master_port", "rendezvous_timeout")
+PAGE_NEVER = ("reward_file", "tools", "environment", "nnodes", "node_rank", "master_addr", "master_port",
+              "rendezvous_timeout")
 OPEN_GROUPS = ("data", "model", "training", "lora")
 REPEAT_LISTS = ("data", "eval_data")  # one path per line
 PATH_FIELDS = ("output", "adapter")   # resolved inside the workspace (data lists and the model too)
