@@ -56,6 +56,9 @@ class Batch:
     # labels already hold each token's next token (labels[t] is the target of token t): a sequence-parallel shard,
     # whose last token's target is the first token of the next rank's shard (roctune.training.sequence_parallel)
     shifted: bool = False
+    # a vision-language model's other forward inputs (pixel values, image grids, per-token modality ids;
+    # roctune.training.vision_batch); None for a text model's batch
+    inputs: dict | None = None
 
 
 def supervised_count(labels: list[int]) -> int:

