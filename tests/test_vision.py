@@ -217,3 +217,64 @@ def test_lora_step_equals_plain_peft_fed_by_the_processor(family, vlm_dir, image
     frozen = [(k, p) for k, p in mine.named_parameters() if part_of(k, row) != "language" or ".lora_" not in k]
     assert frozen and all(not p.requires_grad and p.grad is None for _, p in frozen)
     assert any(line.startswith("vision model: tower frozen") and "projector frozen" in line for line in lines), lines
+
+
+# ------------------------------------------------------------------------------------------------ packing
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "smolvlm"])
+def test_packed_rows_with_images_have_the_unpacked_loss(family, vlm_dir, image_data, tmp_path):
+    """One packed row (positions restarting per example; Qwen2.5-VL's 3-D positions per example, from the model,
+    under a row of text positions that transformers builds the block-diagonal mask from) against the right-padded
+    batch of the same examples: the same loss and LoRA gradients. (Without the text row the loss differs by 5e-3.)"""
+    from roctune.training.losses import token_loss_sum
+
+    cfg, setup, items, model, plan, collate, _ = _roctune(vlm_dir(family), image_data["file"], tmp_path)
+    _randomize_lora_b(model)
+    pad = setup.vision.tokenizer.pad_token_id
+    padded, packed = collate(items, pad, False, "cpu"), collate(items, pad, True, "cpu")
+    assert packed.input_ids.shape[0] == 1 and packed.n_supervised == padded.n_supervised
+    if family == "qwen2_5_vl":
+        assert packed.position_ids.shape == (4, 1, packed.input_ids.shape[1])  # text row + 3-D rows
+        assert int(packed.position_ids[0].max()) < max(len(e.input_ids) for e in items)  # restarts per example
+    loss_a, grads_a = _grads(model, token_loss_sum(model, padded, plan.head) / padded.n_supervised)
+    loss_b, grads_b = _grads(model, token_loss_sum(model, packed, plan.head) / packed.n_supervised)
+    assert abs(loss_a - loss_b) < 1e-5, (family, loss_a, loss_b)
+    assert _worst(grads_b, grads_a) < 1e-4, family
+
+
+# --------------------------------------------------------------------------------------------- truncation
+def test_truncation_never_hands_the_model_a_cut_image(vlm_dir, image_data, tmp_path):
+    """A conversation whose image span crosses --max-length: right truncation keeps the first exchange without the
+    image, left keeps the last answer without it; split refuses an image longer than its window, naming the line.
+    Every kept example's image tokens are exactly its kept images' (the model takes the batch)."""
+    from roctune.data.image_tokens import tokenize_image_conversation, tokenize_image_records
+    from roctune.data.records import load_records
+    from roctune.data.render import RenderOptions
+    from roctune.errors import DataError
+    from roctune.training.losses import token_loss_sum
+
+    folder = image_data["folder"]
+    rows = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
+                          {"role": "user", "content": "<image>What colour is this?"},
+                          {"role": "assistant", "content": "Red."}], "images": ["red.png"]}]
+    data = write_jsonl(folder / "long.jsonl", rows)
+    cfg, setup, _, model, plan, collate, _ = _roctune(vlm_dir("smolvlm"), data, tmp_path)
+    it = setup.vision
+    [record] = load_records(data)
+    ids, labels, [(a, b)] = tokenize_image_conversation(it, record.messages, record.images)
+    assert b - a > 8 and labels[a:b] == [-100] * (b - a)
+    cut = (a + b) // 2  # inside the image's span
+    for how, keep_answer in (("right", "Hello there."), ("left", "Red.")):
+        items, dropped = tokenize_image_records(it, [record], cut if how == "right" else len(ids) - cut,
+                                                RenderOptions(truncation=how))
+        assert not dropped and len(items) == 1, how
+        [item] = items
+        assert not item.images and not item.spans  # the image left with its tokens
+        assert it.processor.image_token_id not in item.input_ids, how
+        learned = it.tokenizer.decode([t for t in item.labels if t != -100])
+        assert keep_answer in learned, (how, learned)
+        batch = collate(items, it.tokenizer.pad_token_id, False, "cpu")
+        token_loss_sum(model, batch, plan.head).backward()  # the model takes it: no image tokens without features
+    whole, _ = tokenize_image_records(it, [record], len(ids))
+    assert len(whole[0].images) == 1 and whole[0].spans == [(a, b)]
+    with pytest.raises(DataError, match=r"long.jsonl:1: an image of \d+ tokens does not fit a --max-length 8"):
+        tokenize_image_records(it, [record], 8, RenderOptions(truncation="split"))
