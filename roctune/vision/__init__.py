@@ -104,6 +104,17 @@ def load_image_text(path: str, template: str | None = None, max_pixels: int | No
     return ImageText(processor, max_pixels or DEFAULT_MAX_PIXELS, min_pixels or DEFAULT_MIN_PIXELS, row.token_types)
 
 
+def tokenizer_for(name: str | None, template: str | None = None, trust_remote_code: bool = False):
+    """What reads data for model `name` (data check, data preview): a vision model's ImageText (its processor,
+    which counts image tokens), else the model's tokenizer (models.load_tokenizer)."""
+    from roctune.models import load_tokenizer, resolve_model
+
+    path = resolve_model(name)
+    if vision_row(path) is None:
+        return load_tokenizer(path, trust_remote_code, template)
+    return load_image_text(path, template, trust_remote_code=trust_remote_code)
+
+
 def load_model(path: str, dtype: str = "fp32", device: str = "cpu", attn: str = "sdpa",
                trust_remote_code: bool = False, quantization=None):
     """A vision-language model (AutoModelForImageTextToText) onto `device` in `dtype`; with `quantization`
