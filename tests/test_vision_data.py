@@ -84,7 +84,7 @@ def test_llamafactory_dataset_info_images_column(tmp_path, monkeypatch):
     assert record.images[0].path == str(tmp_path / "mllm" / "1.png")
 
 
-# (case, rows, what the one line names): each refused by `roctune data check` before anything loads
+# (case, rows, what the one line names): each refused by `roctune train` before any model loads
 BAD = [
     ("missing", [_row(["nope.png"])], "d.jsonl:1: field 'images[0]': image 'nope.png' not found"),
     ("unreadable", [_row(["notes.txt"])], "d.jsonl:1: field 'images[0]': image"),
@@ -103,19 +103,39 @@ BAD = [
 
 
 @pytest.mark.parametrize("case,rows,names", BAD, ids=[c[0] for c in BAD])
-def test_bad_images_are_refused_in_one_line(case, rows, names, place, capsys):
+def test_bad_images_are_refused_in_one_line(case, rows, names, place, tiny_model_dir, capsys):
     place("d.jsonl", rows)
-    line = refused(["data", "check", "d.jsonl"], capsys, names)
+    line = refused(["train", "--model", tiny_model_dir, "--data", "d.jsonl", "--output", "run"], capsys, names)
     if case == "bomb":
         assert "pixels" in line and "scale it down" in line
 
 
-def test_an_image_over_the_byte_limit_is_refused_before_it_is_read(place, tmp_path, monkeypatch, capsys):
+def test_an_image_over_the_byte_limit_is_refused_before_it_is_read(place, tiny_model_dir, monkeypatch, capsys):
     from roctune.data import images
 
     monkeypatch.setattr(images, "MAX_IMAGE_BYTES", 100)
     place("d.jsonl", [_row(["red.png"])])
-    refused(["data", "check", "d.jsonl"], capsys, "more than roctune reads (0 MiB)")
+    line = refused(["train", "--model", tiny_model_dir, "--data", "d.jsonl", "--output", "run"], capsys,
+                   "d.jsonl:1: field 'images[0]': image")
+    assert "more than roctune reads (100 bytes)" in line
+    url = "data:image/png;base64," + base64.b64encode(open("red.png", "rb").read()).decode()
+    place("u.jsonl", [{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+                                    {"role": "assistant", "content": "Red."}]}])
+    refused(["train", "--model", tiny_model_dir, "--data", "u.jsonl", "--output", "run"], capsys,
+            "u.jsonl:1: messages[0]: field 'content[0]': the data URL holds more than 100 bytes")
+
+
+def test_data_check_lists_every_bad_image_as_a_schema_error(place, capsys):
+    """`data check` reads on past a bad image: each is a schema error with its line (exit 1), the good ones count."""
+    from roctune.cli import main
+
+    place("d.jsonl", [_row(["red.png"]), _row(["nope.png"]), _row(["red.png", "red.png"]), _row(["bomb.png"])])
+    assert main(["data", "check", "d.jsonl", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [e.split(": field")[0] for e in report["schema_errors"]["first"]] == [
+        f"{os.getcwd()}/d.jsonl:{n}" if report["schema_errors"]["first"][0].startswith("/") else f"d.jsonl:{n}"
+        for n in (2, 3, 4)]
+    assert report["images"] == {"images": 1, "records_with_images": 1, "max_per_record": 1, "tokens_per_image": None}
 
 
 def test_train_refuses_images_for_a_text_model_before_it_loads(place, tiny_model_dir, capsys):

@@ -101,13 +101,17 @@ def _open(file_or_bytes, where: str) -> tuple[int, int, str]:
         raise DataError(f"{where}: not a readable image ({reason}); give a PNG, JPEG, WebP, GIF or BMP file") from None
 
 
+def _size(n: int) -> str:
+    return f"{n / 2 ** 20:.1f} MiB" if n >= 2 ** 20 else f"{n:,} bytes"
+
+
 def _from_data_url(url: str, where: str) -> ImageRef:
     m = _DATA_URL.match(url[:200] + url[200:].strip())
     if not m:
         raise DataError(f"{where}: a data URL must be data:image/TYPE;base64,DATA; this one is not")
     data = m["data"]
     if len(data) * 3 // 4 > MAX_IMAGE_BYTES:
-        raise DataError(f"{where}: the data URL holds more than {MAX_IMAGE_BYTES >> 20} MiB; give a smaller image")
+        raise DataError(f"{where}: the data URL holds more than {_size(MAX_IMAGE_BYTES)}; give a smaller image")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
@@ -136,8 +140,8 @@ def _from_path(value: str, roots: list[str], where: str) -> ImageRef:
     if not stat.S_ISREG(info.st_mode):
         raise DataError(f"{where}: image {path} is not a regular file (a folder, pipe or device); give an image file")
     if info.st_size > MAX_IMAGE_BYTES:
-        raise DataError(f"{where}: image {path} is {info.st_size >> 20} MiB, more than roctune reads "
-                        f"({MAX_IMAGE_BYTES >> 20} MiB); compress or scale it down")
+        raise DataError(f"{where}: image {path} is {_size(info.st_size)}, more than roctune reads "
+                        f"({_size(MAX_IMAGE_BYTES)}); compress or scale it down")
     try:
         with open(path, "rb") as f:
             width, height, fmt = _open(f, f"{where}: image {path}")

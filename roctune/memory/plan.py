@@ -47,11 +47,13 @@ def choose_checkpointing(asked: bool, max_length: int, device: str) -> Checkpoin
 
 def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str | None = None,
                  batch_size: int | None = None, max_length: int | None = None, supervised_fraction: float = 1.0,
-                 packed: bool = False):
+                 packed: bool = False, images: int = 0, vision_model: str | None = None):
     """The estimate of one training step of `cfg` (a TrainConfig, or anything with its field names) on `model`
     (a config source for roctune.memory.estimate). dtype/attn None: as `train` chooses them for `device`;
     batch_size/max_length override cfg's (the OOM advice's micro-batch, a length search). On the CPU it is
-    the process's peak RSS (the interpreter and libraries included), what the machine's RAM must hold."""
+    the process's peak RSS (the interpreter and libraries included), what the machine's RAM must hold. A
+    vision-language model (`vision_model`: its folder) adds its tower and projector, with `images` per example
+    (roctune.memory.vision; their tokens are part of --max-length)."""
     from roctune.families import family_of
     from roctune.memory.architecture import Architecture
     from roctune.memory.estimate import estimate
@@ -64,7 +66,7 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
     B = int(batch_size or cfg.batch_size)
     plan = choose_checkpointing(bool(cfg.grad_checkpointing), L, device)
     targets = cfg.target_modules
-    return estimate(arch, method=cfg.method, batch_size=B, max_length=L, lora_r=cfg.lora_r,
+    est = estimate(arch, method=cfg.method, batch_size=B, max_length=L, lora_r=cfg.lora_r,
                     target_modules="all-linear" if targets == ["all-linear"] else targets,
                     dtype=dtype or _dtype(cfg, device), attn=attn or _attn(cfg),
                     grad_checkpointing=plan.on, long_context=plan.on and known, offload=plan.offload,
@@ -72,6 +74,21 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
                     grad_accum=cfg.grad_accum, padded=not packed and B > 1, device=device,
                     supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0,
                     optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked)
+    return _with_vision(est, vision_model, cfg, images * B) if vision_model else est
+
+
+def _with_vision(est, model_dir: str, cfg, images: int):
+    """`est` with a vision model's tower and projector (roctune.memory.vision), unchanged for a text model."""
+    from roctune.memory.estimate import DTYPE_BYTES
+    from roctune.memory.vision import add_vision, vision_shape
+
+    shape = vision_shape(model_dir, getattr(cfg, "image_max_pixels", 768 * 768),
+                         getattr(cfg, "image_min_pixels", 32 * 32))
+    if shape is None:
+        return est
+    return add_vision(est, shape, method=cfg.method, dtype_bytes=DTYPE_BYTES.get(est.settings.get("dtype"), 4),
+                      images=images, train_tower=bool(getattr(cfg, "train_vision_tower", False)),
+                      train_projector=bool(getattr(cfg, "train_projector", False)), lora_r=cfg.lora_r)
 
 
 def _dtype(cfg, device: str) -> str:

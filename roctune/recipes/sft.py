@@ -42,7 +42,8 @@ def fit_tokenized(cfg, setup, dist, tokenizer, base_model: str, train_ex: list, 
     """Train on tokenized examples (ids + labels) with the SFT step: build the model, run the loop, save. Shared
     by the recipes whose examples are token sequences with labels (`pt` packs raw text into such blocks)."""
     n_tok = sum(len(e.input_ids) for e in train_ex)
-    session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok))
+    session.warn_memory(cfg, base_model, setup, say, sum(supervised_count(e.labels) for e in train_ex) / max(1, n_tok),
+                        max((len(getattr(e, "images", ())) for e in train_ex), default=0))
     if dist.sp_size > 1:  # before the model loads
         sequence_parallel.check_kernel(setup.attn)
     session.phase(cfg, dist, "loading")

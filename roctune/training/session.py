@@ -297,14 +297,15 @@ def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
     return summary
 
 
-def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0) -> None:
+def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0, images: int = 0) -> None:
     """Estimate memory before loading the model and warn when the run will not fit the GPU (or, for freeze and
     full on the CPU, the free RAM)."""
     try:
         from roctune.memory.plan import estimate_run
 
         est = estimate_run(base_model, cfg, device=setup.device, dtype=setup.dtype, attn=setup.attn,
-                           supervised_fraction=supervised_fraction, packed=setup.packed)
+                           supervised_fraction=supervised_fraction, packed=setup.packed, images=images,
+                           vision_model=base_model if setup.vision is not None else None)
         where, free = _memory_available(setup.device, cfg.method)
     except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not stop training
         return

@@ -94,9 +94,9 @@ def parts_template(template: str, text: str) -> str:
 def build_vlm(output: str, text: str | None = None, vision: str | None = None, seed: int = 0, log=print) -> dict:
     """Assemble the vision-language model into `output` (see the module docstring); returns what was built."""
     tower = read_vision_config(vision)
-    output = os.path.abspath(output)
+    given, output = output, os.path.abspath(output)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise ConfigError(f"--output {output}: already exists and is not empty; roctune builds into a new folder")
+        raise ConfigError(f"--output {given}: already exists and is not empty; roctune builds into a new folder")
     from roctune.models import resolve_model
 
     text_dir = resolve_model(text)
