@@ -86,7 +86,7 @@ def run_baseline(spec: dict) -> dict:
     from roctune.data.records import load_records
     from roctune.training.batching import plan_steps
     from roctune.training.vision_batch import pixel_inputs
-    from roctune.vision import load_image_text, lora_pattern, vision_row
+    from roctune.vision import load_image_text, lora_pattern, projector_modules, vision_row
 
     cfg = config(spec, "unused")
     it = load_image_text(spec["model"])
@@ -98,7 +98,7 @@ def run_baseline(spec: dict) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(spec["model"], dtype=torch.float32)
     targets = lora_pattern(model, row, ["q_proj", "k_proj", "v_proj", "o_proj"], spec["train_vision"])
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets,
-                                             modules_to_save=list(row.projector) if spec["train_vision"] else None))
+                                             modules_to_save=projector_modules(model, row) if spec["train_vision"] else None))
     pad = it.tokenizer.pad_token_id
 
     class Ordered(Dataset):

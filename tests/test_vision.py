@@ -278,3 +278,42 @@ def test_truncation_never_hands_the_model_a_cut_image(vlm_dir, image_data, tmp_p
     assert len(whole[0].images) == 1 and whole[0].spans == [(a, b)]
     with pytest.raises(DataError, match=r"long.jsonl:1: an image of \d+ tokens does not fit a --max-length 8"):
         tokenize_image_records(it, [record], 8, RenderOptions(truncation="split"))
+
+
+def test_trained_tower_and_projector_equal_plain_peft_and_deepstack_follows_the_projector(vlm_dir, image_data,
+                                                                                          tmp_path):
+    """Qwen3-VL with --train-vision-tower --train-projector: LoRA on every linear layer of the tower (never on the
+    mergers), the merger and the DeepStack mergers trained whole (LLaMA-Factory PR 9399's bug was the reverse: those
+    mergers trainable under a frozen tower); the step equals plain PEFT's with the same modules."""
+    import torch.nn as nn
+
+    from roctune.families import family_of
+    from roctune.training.losses import token_loss_sum
+    from roctune import vision
+    from roctune.vision import lora_pattern, part_of, projector_modules
+
+    folder = vlm_dir("qwen3_vl")
+    row = family_of("qwen3_vl").vision
+    _, setup, items, mine, plan, collate, lines = _roctune(folder, image_data["file"], tmp_path,
+                                                           train_vision_tower=True, train_projector=True)
+    base = mine.get_base_model()
+    lora = {n.rsplit(".lora_A", 1)[0] for n, _ in mine.named_parameters() if ".lora_A." in n}
+    tower_linears = {f"base_model.model.{n.removesuffix('.base_layer')}" for n, m in base.named_modules()
+                     if isinstance(m, nn.Linear) and part_of(n, row) == "tower" and "lora_" not in n}
+    assert tower_linears and tower_linears <= lora
+    assert not any("merger" in n for n in lora)
+    trained = {n for n, p in mine.named_parameters() if p.requires_grad and ".lora_" not in n}
+    assert any("deepstack_merger_list" in n for n in trained) and any(".merger." in n for n in trained)
+    assert all(part_of(n.replace(".modules_to_save.default", ""), row) == "projector" for n in trained)
+    assert any("tower trains" in line and "projector trains" in line for line in lines), lines
+    conf = mine.peft_config["default"]  # the same modules for plain PEFT: roctune's pattern, checked above
+    assert conf.target_modules == lora_pattern(vision.meta_model(folder), row, ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                               tower=True)
+    plain, inputs, labels = _plain(folder, image_data["file"], image_data["folder"], mine, row,
+                                   target_modules=conf.target_modules, modules_to_save=projector_modules(base, row))
+    _randomize_lora_b(mine, plain)
+    batch = collate(items, setup.vision.tokenizer.pad_token_id, False, "cpu")
+    loss_a, grads_a = _grads(mine, token_loss_sum(mine, batch, plan.head) / batch.n_supervised)
+    loss_b, grads_b = _grads(plain, plain(**inputs, labels=labels).loss)
+    assert abs(loss_a - loss_b) < 1e-5
+    assert _worst(grads_a, grads_b) < 1e-5

@@ -212,6 +212,19 @@ def lora_pattern(model, row: Vision, targets: list[str], tower: bool) -> str:
     return pattern
 
 
+def projector_modules(model, row: Vision) -> list[str]:
+    """The projector's modules as peft's modules_to_save takes them: a list of modules (Qwen3-VL's DeepStack
+    mergers, a ModuleList, which peft cannot wrap) as its members."""
+    import torch
+
+    out = []
+    for path in row.projector:
+        module = model.get_submodule(path)
+        out += ([f"{path}.{k}" for k, _ in module.named_children()] if isinstance(module, torch.nn.ModuleList)
+                else [path])
+    return out
+
+
 def set_parts_trainable(model, row: Vision, tower: bool, projector: bool) -> None:
     """The tower's and projector's weights train or not (freeze and full: after the language model's choice)."""
     for name, p in model.named_parameters():
