@@ -16,14 +16,12 @@ The processor needs no torchvision: transformers' PIL image processors serve, an
 """
 from __future__ import annotations
 
-import logging
+import functools
 import os
 import re
 
 from roctune.errors import ConfigError, DataError, ModelError
 from roctune.families import Vision, vision_of
-
-log = logging.getLogger(__name__)
 
 PARTS = ("tower", "projector", "language")
 
@@ -42,6 +40,7 @@ def vision_row(model) -> Vision | None:
     return vision_of(model)
 
 
+@functools.lru_cache(maxsize=None)  # one class per name: isinstance checks hold across loads
 def processor_class(name: str):
     """transformers' processor class `name`; where torchvision does not import, a subclass that leaves out the video
     processor (transformers' processors of video-capable models require one, and its video processors need
