@@ -18,6 +18,7 @@ import torch
 
 import vision_models
 from conftest import write_jsonl
+from test_families import _randomize_lora_b, _worst  # the text matrix's: lora_B drawn, relative gradient difference
 
 FAMILIES = list(vision_models.SPECS)
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
@@ -167,24 +168,10 @@ def _openai_parts(rec, folder):
     return conv, pics
 
 
-def _randomize_lora_b(*models, seed: int = 3):
-    for model in models:
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in sorted(model.named_parameters()):
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-
-
 def _grads(model, loss):
     model.zero_grad(set_to_none=True)
     loss.backward()
     return float(loss.detach()), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _worst(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys() and a
-    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)) for k in a)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -43,35 +43,44 @@ def _rope(sections: list[int], **extra) -> dict:
     return {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections, **extra}
 
 
+def _qwen(prefix: str, text: dict, tower: dict, patch: int) -> dict:
+    """Qwen2.5-VL's and Qwen3-VL's spec (`prefix`: the class names' start): the same tokens, template and
+    processor, their own text and tower shapes; images of 1 to 8 merged patches (`patch`-pixel patches)."""
+    return dict(
+        tokens=_QWEN_SPECIAL, template=QWEN_VL,
+        config=lambda ids: (f"{prefix}Config", dict(
+            text_config=dict(_TEXT, **{"rope_parameters": _rope([4, 2, 2]), **text}),
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                               spatial_merge_size=2, temporal_patch_size=2, **tower),
+            image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+            vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])),
+        image_processor=("Qwen2VLImageProcessorPil", dict(min_pixels=(2 * patch) ** 2, max_pixels=(4 * patch) ** 2 * 2,
+                                                          patch_size=patch, merge_size=2, temporal_patch_size=2)),
+        processor=(f"{prefix}Processor", {}))
+
+
+def _idefics(prefix: str, tokens: dict, added: list[str]) -> dict:
+    """SmolVLM's and Idefics3's spec (`prefix`: the class names' start): the same layout and template."""
+    return dict(
+        tokens={"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
+                "end_of_utterance_token": "<end_of_utterance>", **tokens},
+        added=added, eos="<end_of_utterance>", template=SMOLVLM,
+        config=lambda ids: (f"{prefix}Config", dict(
+            text_config=dict(model_type="llama", **_TEXT), vision_config=_SIGLIP, scale_factor=2,
+            image_token_id=ids["image_token"])),
+        image_processor=(f"{prefix}ImageProcessorPil", dict(size={"longest_edge": 64}, max_image_size={
+            "longest_edge": 32}, do_image_splitting=True)),
+        processor=(f"{prefix}Processor", dict(image_seq_len=4)))
+
+
 # family -> what differs: the tokenizer's image tokens, the template, the config (a function of the token ids),
 # the image processor (class, arguments) and the processor (class, arguments)
 SPECS = {
     # Qwen2.5-VL: 3-D rotary positions (mrope), window attention in the tower, patches merged 2x2 by the merger
-    "qwen2_5_vl": dict(
-        tokens=_QWEN_SPECIAL, template=QWEN_VL,
-        config=lambda ids: ("Qwen2_5_VLConfig", dict(
-            text_config=dict(_TEXT, rope_parameters=_rope([4, 2, 2])),
-            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                               patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                               fullatt_block_indexes=[1]),
-            image_token_id=ids["image_token"], video_token_id=ids["video_token"],
-            vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])),
-        image_processor=("Qwen2VLImageProcessorPil", dict(min_pixels=28 * 28, max_pixels=56 * 56 * 2, patch_size=14,
-                                                          merge_size=2, temporal_patch_size=2)),
-        processor=("Qwen2_5_VLProcessor", {})),
+    "qwen2_5_vl": _qwen("Qwen2_5_VL", {}, dict(patch_size=14, window_size=56, fullatt_block_indexes=[1]), 14),
     # Qwen3-VL: interleaved mrope, DeepStack mergers (vision features added into early text layers), patch 16
-    "qwen3_vl": dict(
-        tokens=_QWEN_SPECIAL, template=QWEN_VL,
-        config=lambda ids: ("Qwen3VLConfig", dict(
-            text_config=dict(_TEXT, head_dim=16, rope_parameters=_rope([4, 2, 2], mrope_interleaved=True)),
-            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                               patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                               num_position_embeddings=64, deepstack_visual_indexes=[0]),
-            image_token_id=ids["image_token"], video_token_id=ids["video_token"],
-            vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"])),
-        image_processor=("Qwen2VLImageProcessorPil", dict(min_pixels=32 * 32, max_pixels=64 * 64 * 2, patch_size=16,
-                                                          merge_size=2, temporal_patch_size=2)),
-        processor=("Qwen3VLProcessor", {})),
+    "qwen3_vl": _qwen("Qwen3VL", dict(head_dim=16, rope_parameters=_rope([4, 2, 2], mrope_interleaved=True)),
+                      dict(patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0]), 16),
     # Gemma 3: SigLIP tower, average-pooled to mm_tokens_per_image soft tokens, bidirectional attention over them
     "gemma3_vision": dict(
         tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
@@ -85,29 +94,12 @@ SPECS = {
         image_processor=("Gemma3ImageProcessorPil", dict(size={"height": 32, "width": 32})),
         processor=("Gemma3Processor", dict(image_seq_length=4))),
     # SmolVLM (Idefics3's layout): SigLIP tower, pixel shuffle + linear connector, large images split into tiles
-    "smolvlm": dict(
-        tokens={"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
-                "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>"},
-        added=[f"<row_{r}_col_{c}>" for r in range(1, 4) for c in range(1, 4)], eos="<end_of_utterance>",
-        template=SMOLVLM,
-        config=lambda ids: ("SmolVLMConfig", dict(
-            text_config=dict(model_type="llama", **_TEXT), vision_config=_SIGLIP, scale_factor=2,
-            image_token_id=ids["image_token"])),
-        image_processor=("SmolVLMImageProcessorPil", dict(size={"longest_edge": 64}, max_image_size={
-            "longest_edge": 32}, do_image_splitting=True)),
-        processor=("SmolVLMProcessor", dict(image_seq_len=4))),
-    # Idefics3: SmolVLM's layout (SmolVLM is its successor), a Llama 3 language model in the real one
-    "idefics3": dict(
-        tokens={"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
-                "end_of_utterance_token": "<end_of_utterance>"},
-        added=["<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
-        eos="<end_of_utterance>", template=SMOLVLM,
-        config=lambda ids: ("Idefics3Config", dict(
-            text_config=dict(model_type="llama", **_TEXT), vision_config=_SIGLIP, scale_factor=2,
-            image_token_id=ids["image_token"])),
-        image_processor=("Idefics3ImageProcessorPil", dict(size={"longest_edge": 64}, max_image_size={
-            "longest_edge": 32}, do_image_splitting=True)),
-        processor=("Idefics3Processor", dict(image_seq_len=4))),
+    "smolvlm": _idefics("SmolVLM", {"global_image_token": "<global-img>"}, [
+        f"<row_{r}_col_{c}>" for r in range(1, 4) for c in range(1, 4)]),
+    # Idefics3: SmolVLM's layout (SmolVLM is its successor), a Llama 3 language model in the real one; its processor
+    # finds <global-img> and the row/column markers by their text
+    "idefics3": _idefics("Idefics3", {}, ["<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7)
+                                                            for c in range(1, 7)]),
     # LLaVA 1.5: CLIP tower (its CLS token dropped), two-layer MLP projector, one token per patch
     "llava": dict(
         tokens={"image_token": "<image>"}, template=LLAVA, eos="</s>", added=["</s>"],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from roctune.data.images import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, load
-from roctune.data.render import RenderOptions, Tokenized, conversation_segments
+from roctune.data.render import RenderOptions, Tokenized, collect, conversation_segments
 from roctune.errors import DataError
 
 
@@ -175,11 +175,4 @@ def tokenize_image_records(it: ImageText, records: Iterable, max_length: int,
                            options: RenderOptions | None = None) -> tuple[list[ImageTokenized], int]:
     """Every record tokenized with its images. Returns (examples, number dropped because truncation left no
     answer); the signature of `render.tokenize_records` with the processor first."""
-    out: list[ImageTokenized] = []
-    dropped = 0
-    for item in iter_image_tokenized(it, records, max_length, options):
-        if item is None:
-            dropped += 1
-        else:
-            out.append(item)
-    return out, dropped
+    return collect(iter_image_tokenized(it, records, max_length, options))

@@ -416,9 +416,14 @@ def iter_tokenized(tokenizer, records: Iterable[Record], max_length: int,
 def tokenize_records(tokenizer, records: Iterable[Record], max_length: int,
                      options: RenderOptions | None = None) -> tuple[list[Tokenized], int]:
     """Tokenize every record. Returns (examples, number dropped because truncation left no answer)."""
-    out: list[Tokenized] = []
+    return collect(iter_tokenized(tokenizer, records, max_length, options))
+
+
+def collect(items: Iterable) -> tuple[list, int]:
+    """(the examples a tokenizing iterator yields, how many it dropped: the Nones)."""
+    out: list = []
     dropped = 0
-    for item in iter_tokenized(tokenizer, records, max_length, options):
+    for item in items:
         if item is None:
             dropped += 1
         else:
