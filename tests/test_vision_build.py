@@ -114,3 +114,14 @@ def test_estimate_refuses_images_a_text_model_or_a_length_cannot_hold(built, tin
     refused(["estimate", "--model", tiny_model_dir, "--images", "2"], capsys, "is not a vision-language model")
     refused(["estimate", "--model", built["model"], "--images", "10", "--max-length", "64", "--device", "cpu"],
             capsys, "--max-length 64 cannot hold 10 image(s) of 7 tokens each")
+
+
+def test_overwrite_replaces_a_vision_run(built, tmp_path):
+    """A vision run's folder holds its processor's files, which are roctune's own: --overwrite replaces it."""
+    from roctune.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", built["model"], "--data", built["data"], "--output", str(out), "--max-steps", "1",
+            "--batch-size", "4", "--grad-accum", "1"]
+    assert main(argv) == 0 and (out / "processor_config.json").is_file()
+    assert main(argv + ["--overwrite"]) == 0 and len(read_metrics(out)) == 1
