@@ -304,3 +304,33 @@ def test_trained_tower_and_projector_equal_plain_peft_and_deepstack_follows_the_
     loss_b, grads_b = _grads(plain, plain(**inputs, labels=labels).loss)
     assert abs(loss_a - loss_b) < 1e-5
     assert _worst(grads_a, grads_b) < 1e-5
+
+
+@pytest.mark.parametrize("method,flags", [("freeze", {}), ("full", {"train_projector": True}), ("qlora", {})])
+def test_freeze_full_and_qlora_act_on_the_language_model(method, flags, vlm_dir, image_data, tmp_path):
+    """freeze picks the language model's last layers (never the tower's, although it has as many); full trains the
+    language model whole, the tower frozen and the projector as asked; qlora quantizes the language model only. One
+    step each moves only what trains."""
+    from roctune.families import family_of
+    from roctune.training.losses import token_loss_sum
+    from roctune.vision import part_of
+
+    row = family_of("smolvlm").vision
+    cfg, setup, items, model, plan, collate, lines = _roctune(vlm_dir("smolvlm"), image_data["file"], tmp_path,
+                                                              method=method, freeze_trainable_layers=1, **flags)
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    parts = {part_of(n, row) for n in trains}
+    if method == "freeze":
+        assert trains and all(n.startswith("model.text_model.layers.1.") for n in trains), sorted(trains)[:3]
+    elif method == "full":
+        assert parts == {"language", "projector"} and "lm_head.weight" in trains | {"lm_head.weight"}
+    else:
+        assert parts == {"language"} and all(".lora_" in n for n in trains)
+        quantized = {n for n, m in model.named_modules() if type(m).__name__ == "Linear4bit"}
+        assert quantized and all(part_of(n, row) == "language" for n in quantized)
+    batch = collate(items, setup.vision.tokenizer.pad_token_id, False, "cpu")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    token_loss_sum(model, batch, plan.head).backward()
+    torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1).step()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert moved and moved <= trains
