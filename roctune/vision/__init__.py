@@ -108,7 +108,7 @@ def tokenizer_for(name: str | None, template: str | None = None, trust_remote_co
     which counts image tokens), else the model's tokenizer (models.load_tokenizer)."""
     from roctune.models import load_tokenizer, resolve_model
 
-    path = resolve_model(name)
+    path = name if name is not None and os.path.isdir(name) else resolve_model(name)  # a tokenizer's folder too
     if vision_row(path) is None:
         return load_tokenizer(path, trust_remote_code, template)
     return load_image_text(path, template, trust_remote_code=trust_remote_code)
