@@ -5,8 +5,7 @@ The model is the one `roctune models build-vlm` assembles (the bundled SmolLM2-1
 SigLIP-shaped tower, SmolVLM's layout). Every example holds IMAGES pictures (64 x 64, one token span of 19 tokens
 each) and a question about them, all about the same length. Each run is its own child process (its peak RSS is its
 alone), with the same examples in the same order (no length grouping), the same LoRA (r 8 on the language model's
-q/k/v/o, and with --train-vision-tower --train-projector also on the tower's linear layers and the projector whole),
-AdamW at the same learning rate:
+q/k/v/o; with --train-vision the tower and projector trained whole beside it), AdamW at the same learning rate:
 - roctune: `roctune train` (recipes.train);
 - baseline: transformers' Trainer + PEFT get_peft_model, batches of roctune's token ids and labels (the same tokens
   the processor makes, tests/test_vision.py) padded by a collator, pixels from the model's processor, the model's
@@ -86,7 +85,7 @@ def run_baseline(spec: dict) -> dict:
     from roctune.data.records import load_records
     from roctune.training.batching import plan_steps
     from roctune.training.vision_batch import pixel_inputs
-    from roctune.vision import load_image_text, lora_pattern, projector_modules, vision_row
+    from roctune.vision import load_image_text, lora_pattern, projector_modules, tower_modules, vision_row
 
     cfg = config(spec, "unused")
     it = load_image_text(spec["model"])
@@ -96,9 +95,10 @@ def run_baseline(spec: dict) -> dict:
     row = vision_row(spec["model"])
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(spec["model"], dtype=torch.float32)
-    targets = lora_pattern(model, row, ["q_proj", "k_proj", "v_proj", "o_proj"], spec["train_vision"])
+    targets = lora_pattern(model, row, ["q_proj", "k_proj", "v_proj", "o_proj"], tower=False)
+    whole = tower_modules(model, row) + projector_modules(model, row) if spec["train_vision"] else None
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets,
-                                             modules_to_save=projector_modules(model, row) if spec["train_vision"] else None))
+                                             modules_to_save=whole))
     pad = it.tokenizer.pad_token_id
 
     class Ordered(Dataset):

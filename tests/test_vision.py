@@ -269,9 +269,10 @@ def test_truncation_never_hands_the_model_a_cut_image(vlm_dir, image_data, tmp_p
 
 def test_trained_tower_and_projector_equal_plain_peft_and_deepstack_follows_the_projector(vlm_dir, image_data,
                                                                                           tmp_path):
-    """Qwen3-VL with --train-vision-tower --train-projector: LoRA on every linear layer of the tower (never on the
+    """Qwen3-VL with --vision-tower-lora --train-projector: LoRA on every linear layer of the tower (never on the
     mergers), the merger and the DeepStack mergers trained whole (LLaMA-Factory PR 9399's bug was the reverse: those
-    mergers trainable under a frozen tower); the step equals plain PEFT's with the same modules."""
+    mergers trainable under a frozen tower); the step equals plain PEFT's with the same modules. With
+    --train-vision-tower alone the tower trains whole and the mergers stay frozen."""
     import torch.nn as nn
 
     from roctune.families import family_of
@@ -281,8 +282,12 @@ def test_trained_tower_and_projector_equal_plain_peft_and_deepstack_follows_the_
 
     folder = vlm_dir("qwen3_vl")
     row = family_of("qwen3_vl").vision
+    _, _, _, whole, _, _, _ = _roctune(folder, image_data["file"], tmp_path, train_vision_tower=True)
+    trains = {n.replace(".modules_to_save.default", "") for n, p in whole.named_parameters() if p.requires_grad}
+    assert {part_of(n, row) for n in trains if ".lora_" not in n} == {"tower"} and not any("merger" in n for n in trains)
+    assert any(".blocks.1.mlp.linear_fc1." in n for n in trains) and any(".patch_embed." in n for n in trains)
     _, setup, items, mine, plan, collate, lines = _roctune(folder, image_data["file"], tmp_path,
-                                                           train_vision_tower=True, train_projector=True)
+                                                           vision_tower_lora=True, train_projector=True)
     base = mine.get_base_model()
     lora = {n.rsplit(".lora_A", 1)[0] for n, _ in mine.named_parameters() if ".lora_A." in n}
     tower_linears = {f"base_model.model.{n.removesuffix('.base_layer')}" for n, m in base.named_modules()

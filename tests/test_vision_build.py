@@ -52,8 +52,8 @@ def test_the_built_folder_loads_in_transformers_and_keeps_the_text_model(built, 
 
 
 def test_train_vision_tower_and_projector_on_the_built_model(built, tmp_path):
-    """LoRA on the language model and the tower, the projector whole: all three get gradients and move; the run
-    folder holds the adapter (with the projector) and the processor, and loads back."""
+    """LoRA on the language model, the fresh tower and the projector trained whole beside it: all three move; the
+    run folder holds the adapter (with the tower and projector) and the processor, and loads back."""
     from peft import PeftModel
     from safetensors.torch import load_file
 
@@ -63,7 +63,8 @@ def test_train_vision_tower_and_projector_on_the_built_model(built, tmp_path):
     assert main(["train", "--model", built["model"], "--data", built["data"], "--output", str(out), "--max-steps", "2",
                  "--batch-size", "2", "--lr", "1e-2", "--train-vision-tower", "--train-projector"]) == 0
     weights = load_file(out / "adapter_model.safetensors")
-    assert any("vision_model" in k and "lora_A" in k for k in weights)
+    assert any("vision_model" in k and "encoder" in k and "lora" not in k for k in weights)
+    assert not any("vision_model" in k and "lora" in k for k in weights)
     assert any("text_model" in k and "lora_A" in k for k in weights)
     assert any("connector" in k and "lora" not in k for k in weights)
     assert {"processor_config.json", "chat_template.jinja", "run.yaml"} <= set(os.listdir(out))
@@ -74,6 +75,9 @@ def test_train_vision_tower_and_projector_on_the_built_model(built, tmp_path):
     base = AutoModelForImageTextToText.from_pretrained(built["model"])
     moved = model.base_model.model.model.connector.modules_to_save["default"].modality_projection.proj.weight
     assert not torch.equal(moved, base.model.connector.modality_projection.proj.weight)
+    tower = model.base_model.model.model.vision_model.modules_to_save["default"]
+    assert not torch.equal(tower.encoder.layers[0].mlp.fc1.weight,
+                           base.model.vision_model.encoder.layers[0].mlp.fc1.weight)
 
 
 def test_data_check_preview_and_estimate_count_image_tokens(built, capsys):

@@ -10,7 +10,7 @@ from roctune.config import check_number
 
 # The settings estimate shares with `roctune train`: flags, types, choices, help and defaults from the schema.
 SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing",
-          "train_vision_tower", "train_projector", "image_max_pixels", "image_min_pixels")
+          "train_vision_tower", "vision_tower_lora", "train_projector", "image_max_pixels", "image_min_pixels")
 
 
 def register(sub) -> None:
@@ -195,6 +195,7 @@ def _train_settings(args):
                            freeze_trainable_layers=args.freeze_layers, dtype=args.dtype, attn=args.attn,
                            grad_checkpointing=args.grad_checkpointing, grad_accum=1, optimizer=args.optimizer,
                            loss_on_supervised_only=True, train_vision_tower=args.train_vision_tower,
+                           vision_tower_lora=args.vision_tower_lora,
                            train_projector=args.train_projector, image_max_pixels=args.image_max_pixels,
                            image_min_pixels=args.image_min_pixels)
 

@@ -87,7 +87,9 @@ def _with_vision(est, model_dir: str, cfg, images: int):
     if shape is None:
         return est
     return add_vision(est, shape, method=cfg.method, dtype_bytes=DTYPE_BYTES.get(est.settings.get("dtype"), 4),
-                      images=images, train_tower=bool(getattr(cfg, "train_vision_tower", False)),
+                      images=images,
+                      train_tower=bool(getattr(cfg, "train_vision_tower", False)),
+                      tower_lora=bool(getattr(cfg, "vision_tower_lora", False)),
                       train_projector=bool(getattr(cfg, "train_projector", False)), lora_r=cfg.lora_r)
 
 

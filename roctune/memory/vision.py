@@ -6,7 +6,8 @@ vision model hold the image tokens too: each image's count comes from the model'
 largest size --image-max-pixels lets through (`tokens_per_image`), so an estimate of N images per example knows
 how many of the tokens they take. Added here, from the config's module tree on the meta device (no weights):
 - the tower's and projector's weights (frozen: in the compute dtype);
-- what trains of them (the projector whole, the tower whole or, with LoRA, its adapters): fp32 weights, gradients
+- what trains of them (the projector whole, the tower whole or, with --vision-tower-lora, its adapters): fp32 weights,
+  gradients
   and AdamW's two moments, 16 bytes per trained parameter;
 - the tower's activations kept for backward, only when the tower trains (a frozen tower runs without a graph:
   its input has no gradient and its weights want none): per image patch and layer, the saved inputs of its norms,
@@ -99,14 +100,16 @@ def _blank(width: int, height: int):
 
 
 def add_vision(est: MemoryEstimate, shape: VisionShape, *, method: str, dtype_bytes: int, images: int,
-               train_tower: bool, train_projector: bool, lora_r: int) -> MemoryEstimate:
+               train_tower: bool, tower_lora: bool, train_projector: bool, lora_r: int) -> MemoryEstimate:
     """`est` (the language model's estimate) with the vision side's lines added for `images` images per
-    micro-batch."""
-    frozen = (0 if train_tower and method in ("freeze", "full") else shape.tower_params) \
-        + (0 if train_projector else shape.projector_params)
+    micro-batch; the tower trains whole with `train_tower`, by LoRA adapters with `tower_lora`. Beside LoRA, a part
+    trained whole keeps its frozen original too (peft's modules_to_save trains a copy)."""
+    copies = method in ("lora", "qlora")
+    frozen = (shape.tower_params if tower_lora or not train_tower or copies else 0) \
+        + (shape.projector_params if not train_projector or copies else 0)
     trained = (shape.projector_params if train_projector else 0)
-    if train_tower:
-        trained += shape.tower_params if method in ("freeze", "full") else lora_r * shape.tower_linear_sides
+    trained += lora_r * shape.tower_linear_sides if tower_lora else shape.tower_params if train_tower else 0
+    train_tower = train_tower or tower_lora
     patches = images * shape.patches_per_image
     kept = 0
     if train_tower:

@@ -7,9 +7,10 @@ run folder like a text run's (adapter + run.yaml), with the processor saved besi
 
 The parts come from the row's module paths (`part_of`): the language model trains by --method (LoRA on its attention
 by default, freeze, full); the vision tower and the projector stay frozen unless --train-vision-tower /
---train-projector. With LoRA, a trained projector trains in full beside the adapter (peft's modules_to_save: it is
-small) and a trained tower gets LoRA on its linear layers (`lora_pattern`); with freeze or full, their weights train
-(`set_parts_trainable`). roctune.methods builds the model from these.
+--train-projector. With LoRA, a trained projector and a trained tower train whole beside the adapter (peft's
+modules_to_save: `projector_modules`, `tower_modules`; a freshly built tower must learn from scratch, as nanoVLM's
+does), or the tower gets LoRA on its linear layers with --vision-tower-lora (`lora_pattern`; a pretrained tower); with
+freeze or full, their weights train (`set_parts_trainable`). roctune.methods builds the model from these.
 
 The processor needs no torchvision: transformers' PIL image processors serve, and where torchvision does not import
 (PyPI's wheel beside the CPU torch) the processor is built without its video processor (`processor_class`).
@@ -222,6 +223,21 @@ def projector_modules(model, row: Vision) -> list[str]:
         out += ([f"{path}.{k}" for k, _ in module.named_children()] if isinstance(module, torch.nn.ModuleList)
                 else [path])
     return out
+
+
+def tower_modules(model, row: Vision) -> list[str]:
+    """The tower's modules with weights, as peft's modules_to_save takes them (trained whole beside LoRA): the
+    tower's children, leaving out the projector parts inside it (Qwen-VL's mergers) and listing a ModuleList's
+    members (peft cannot wrap a ModuleList)."""
+    import torch
+
+    def walk(path: str) -> list[str]:
+        module = model.get_submodule(path)
+        if any(p.startswith(path + ".") for p in row.projector) or isinstance(module, torch.nn.ModuleList):
+            return [c for name, _ in module.named_children() for c in walk(f"{path}.{name}")
+                    if not _under(f"{path}.{name}", row.projector)]
+        return [path] if next(module.parameters(), None) is not None else []
+    return [m for path in row.tower for m in walk(path)]
 
 
 def set_parts_trainable(model, row: Vision, tower: bool, projector: bool) -> None:
