@@ -8,6 +8,7 @@ again with the adapter, and prints both accuracies, a few answers of each, and t
 when its first word is the expected one. Run it alone (`flock /tmp/cpu.lock`): the time is a figure.
 
     flock /tmp/cpu.lock .venv/bin/python scripts/vision_learning.py [--work DIR] [--epochs N]
+    # or in parts, each well under ten minutes: --phase base, then --phase train, then --phase tuned (same --work)
 """
 from __future__ import annotations
 
@@ -76,8 +77,11 @@ def score(records, said: list[str]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", help="folder for the model and the run (default: a temporary one)")
-    p.add_argument("--epochs", default="3")
+    p.add_argument("--work", help="folder for the model, the run and the answers (default: a temporary one)")
+    p.add_argument("--phase", choices=("base", "train", "tuned", "all"), default="all",
+                   help="one part only (each well under 10 minutes, for a shared machine's lock); the report is "
+                        "printed once the base and tuned answers are both in --work")
+    p.add_argument("--epochs", default="4")
     p.add_argument("--lr", default="1e-3")
     args = p.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="roctune-vision-")
@@ -87,21 +91,43 @@ def main() -> int:
     heldout = load_records(HELDOUT)
     if not os.path.isdir(model):
         roctune("models", "build-vlm", "--output", model)
-    base = answers(model, None, heldout)
-    start = time.time()
-    roctune("train", "--model", model, "--data", TRAIN, "--output", run, "--overwrite", "--train-vision-tower",
-            "--train-projector", "--epochs", args.epochs, "--lr", args.lr, "--batch-size", "8", "--grad-accum", "1",
-            "--lora-r", "16", "--lora-alpha", "32", "--max-length", "96", "--eval-data", HELDOUT)
-    seconds = time.time() - start
-    tuned = answers(model, run, heldout)
-    result = {"base": score(heldout, base), "tuned": score(heldout, tuned), "train_seconds": round(seconds),
-              "examples": {"train": 384, "heldout": len(heldout)}}
-    print(json.dumps(result, indent=1))
+    if args.phase in ("base", "all"):
+        save(work, "base", {"answers": answers(model, None, heldout)})
+    if args.phase in ("train", "all"):
+        start = time.time()
+        roctune("train", "--model", model, "--data", TRAIN, "--output", run, "--overwrite", "--train-vision-tower",
+                "--train-projector", "--epochs", args.epochs, "--lr", args.lr, "--batch-size", "8", "--grad-accum",
+                "1", "--lora-r", "16", "--lora-alpha", "32", "--max-length", "96", "--eval-data", HELDOUT)
+        save(work, "train", {"seconds": round(time.time() - start)})
+    if args.phase in ("tuned", "all"):
+        save(work, "tuned", {"answers": answers(model, run, heldout)})
+    report(work, heldout)
+    return 0
+
+
+def save(work: str, name: str, value: dict) -> None:
+    with open(os.path.join(work, f"{name}.json"), "w", encoding="utf-8") as f:
+        json.dump(value, f)
+
+
+def report(work: str, heldout) -> None:
+    """Both accuracies and the first answers of each, once the phases have run."""
+    got = {}
+    for name in ("base", "train", "tuned"):
+        path = os.path.join(work, f"{name}.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                got[name] = json.load(f)
+    if "base" not in got or "tuned" not in got:
+        print(f"done so far: {', '.join(got) or 'nothing'} (in {work})")
+        return
+    base, tuned = got["base"]["answers"], got["tuned"]["answers"]
+    print(json.dumps({"base": score(heldout, base), "tuned": score(heldout, tuned),
+                      "train_seconds": got.get("train", {}).get("seconds"),
+                      "examples": {"train": 384, "heldout": len(heldout)}}, indent=1))
     print("question | expected | base | tuned")
     for r, b, t in list(zip(heldout, base, tuned))[:8]:
-        text = r.messages[0]["content"].replace("<image>", "")
-        print(f"{text} | {r.messages[-1]['content']} | {b!r} | {t!r}")
-    return 0
+        print(f"{r.messages[0]['content'].replace('<image>', '')} | {r.messages[-1]['content']} | {b!r} | {t!r}")
 
 
 if __name__ == "__main__":
