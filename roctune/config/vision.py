@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.config.schema import setting
-from roctune.errors import ConfigError
+from roctune.errors import ConfigError, either
+from roctune.method_rows import METHODS, able
 
 # roctune.data.images declares the same defaults (LLaMA-Factory's: 768x768 and 32x32 pixels' worth); the data layer
 # sits below the settings, so the numbers are written here once more and test_vision checks they agree.
@@ -38,9 +39,10 @@ class VisionSettings:
                 zh=("图像最小像素", "更小的图放大到至少这么多像素"))
 
     def check(self) -> None:
-        if self.vision_tower_lora and self.method not in ("lora", "qlora"):
+        if self.vision_tower_lora and not METHODS[self.method].adapter:
             raise ConfigError(f"--vision-tower-lora puts LoRA on the vision tower, which --method {self.method} does "
-                              "not train with; use --train-vision-tower (its weights) or --method lora")
+                              f"not train with; use --train-vision-tower (its weights) or --method "
+                              f"{either(able('adapter'))}")
         if self.image_min_pixels > self.image_max_pixels:
             raise ConfigError(f"--image-min-pixels {self.image_min_pixels} is above --image-max-pixels "
                               f"{self.image_max_pixels}; lower it")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from roctune.memory.result import MemoryEstimate
+from roctune.method_rows import METHODS
 
 TRAINED_BYTES = 16  # fp32 weight, gradient and AdamW's two moments
 
@@ -104,7 +105,7 @@ def add_vision(est: MemoryEstimate, shape: VisionShape, *, method: str, dtype_by
     """`est` (the language model's estimate) with the vision side's lines added for `images` images per
     micro-batch; the tower trains whole with `train_tower`, by LoRA adapters with `tower_lora`. Beside LoRA, a part
     trained whole keeps its frozen original too (peft's modules_to_save trains a copy)."""
-    copies = method in ("lora", "qlora")
+    copies = METHODS[method].adapter
     frozen = (shape.tower_params if tower_lora or not train_tower or copies else 0) \
         + (shape.projector_params if not train_projector or copies else 0)
     trained = (shape.projector_params if train_projector else 0)

@@ -21,8 +21,9 @@ import functools
 import os
 import re
 
-from roctune.errors import ConfigError, DataError, ModelError
+from roctune.errors import ConfigError, DataError, ModelError, either
 from roctune.families import Vision, vision_of
+from roctune.stages import STAGES, able
 
 PARTS = ("tower", "projector", "language")
 
@@ -255,9 +256,9 @@ def check(cfg, base_model: str) -> Vision | None:
     if row is None and asked:
         raise ConfigError(f"--{asked[0].replace('_', '-')}: {base_model} has no vision tower (a text model); drop "
                           "the flag or give a vision-language model with --model")
-    if row is not None and cfg.stage != "sft":
-        raise ConfigError(f"--stage {cfg.stage}: vision-language models train with --stage sft so far; DPO, KTO, "
-                          "reward models and GRPO with images are not built yet")
+    if row is not None and not STAGES[cfg.stage].images:
+        raise ConfigError(f"--stage {cfg.stage}: vision-language models train with --stage "
+                          f"{either(able('images'))} so far; the other stages with images are not built yet")
     if row is not None and cfg.streaming:
         raise ConfigError("--streaming: a vision-language model's examples (with their images) are tokenized in "
                           "memory; drop --streaming")
