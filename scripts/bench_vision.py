@@ -80,7 +80,6 @@ def run_baseline(spec: dict) -> dict:
     from torch.utils.data import Dataset, SequentialSampler
     from transformers import AutoModelForImageTextToText, Trainer, TrainerCallback, TrainingArguments
 
-    from roctune import methods
     from roctune.data.image_tokens import tokenize_image_records
     from roctune.data.records import load_records
     from roctune.training.batching import plan_steps
