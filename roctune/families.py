@@ -18,8 +18,14 @@ code and what it defaults to:
 - the parameter layout the memory estimate counts (norms, q/k norms, fused projections, biases, experts).
 - `gguf_arch`: llama.cpp's architecture name, and whether its converter permutes the Q/K rows; the rest of each
   family's GGUF layout is its spec in roctune/export/gguf_specs.py.
+- `vision`: a vision-language model's modality column (`Vision`): where its vision tower, projector and language
+  model are in transformers' module tree (freezing, the LoRA targets and the trainable parts come from these
+  names), its processor class, and what its forward needs beside the pixels (per-token modality ids, Qwen-VL's 3-D
+  rotary positions). The same data, truncation, packing, loss and save code serves text and vision rows; it asks
+  the row. A vision row loads with transformers' AutoModelForImageTextToText and the model's AutoProcessor.
 
-Adding a family is one `Family(...)` here and one row in the matrix test. Nothing here imports torch.
+Adding a family is one `Family(...)` here and one row in the matrix test (tests/family_models.py for text rows,
+tests/vision_models.py for vision rows). Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -50,6 +56,24 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass(frozen=True)
+class Vision:
+    """The vision side of a family: module paths (dotted, from the ...ForConditionalGeneration model) and inputs.
+
+    A parameter belongs to the projector when its name starts with a `projector` path, else to the vision tower when
+    it starts with a `tower` path, else to the language model (its layers, embeddings and output layer). Qwen-VL's
+    merger sits inside its tower's module (`model.visual.merger`), and Qwen3-VL's DeepStack mergers too: listed as
+    projector, they stay frozen with the projector, not trainable with the tower (LLaMA-Factory PR 9399's bug)."""
+
+    tower: tuple[str, ...]                 # the vision encoder
+    projector: tuple[str, ...]             # what maps its features into the language model's embedding space
+    language_model: str                    # the decoder whose attention LoRA adapts by default
+    processor: str                         # transformers' processor class (tokenizer + image processor + template)
+    token_types: str | None = None         # forward argument: per-token modality ids (0 text, 1 image)
+    mrope: bool = False                    # 3-D rotary positions (temporal, height, width) from the image grids
+    packing: bool = False                  # packed rows with images proven equal to the unpacked batch
+
+
+@dataclass(frozen=True)
 class Family:
     name: str                              # the table's key
     title: str                             # for people: which models these are
@@ -73,6 +97,7 @@ class Family:
     gguf_arch: str | None = None           # llama.cpp's architecture name
     gguf_permute_qk: bool = False          # llama.cpp's converter interleaves the rotary halves of Q and K
     fused_kernels: tuple[str, ...] = ()    # Liger-Kernel switches the family opts in to (FUSED_KERNELS)
+    vision: Vision | None = None           # the vision tower, projector and processor of a vision-language model
     examples: tuple[str, ...] = field(default=(), compare=False)
 
     def mlp_shortcut_classes(self) -> tuple[str, ...]:
@@ -119,6 +144,46 @@ FAMILIES: tuple[Family, ...] = (
            gguf_permute_qk=True,  # llama.cpp runs granite with the llama rope (its converter subclasses llama's)
            examples=("ibm-granite/granite-3.3-2b-instruct",)),
 )
+# Vision-language models: transformers' ...ForConditionalGeneration classes. Their output layer runs on the hidden
+# state of the multimodal body (roctune.vision.body), so the supervised and chunked heads apply; the text shortcuts
+# that replace decoder modules (the gated MLP) are not proven on them.
+VL_SHORTCUTS = frozenset({"lora_dropout", "supervised_head", "chunked_head"})
+_QWEN_VL = dict(tower=("model.visual",), language_model="model.language_model", token_types="mm_token_type_ids",
+                mrope=True, packing=True)
+_LLAVA = dict(tower=("model.vision_tower",), projector=("model.multi_modal_projector",),
+              language_model="model.language_model")
+_IDEFICS = dict(tower=("model.vision_model",), projector=("model.connector",), language_model="model.text_model",
+                packing=True)
+VISION_FAMILIES: tuple[Family, ...] = (
+    Family("qwen2_5_vl", "Qwen2.5-VL", ("qwen2_5_vl",), "Qwen2_5_VLForConditionalGeneration", shortcuts=VL_SHORTCUTS,
+           qkv_bias=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
+           vision=Vision(projector=("model.visual.merger",), processor="Qwen2_5_VLProcessor", **_QWEN_VL),
+           examples=("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct")),
+    Family("qwen3_vl", "Qwen3-VL (dense)", ("qwen3_vl",), "Qwen3VLForConditionalGeneration", shortcuts=VL_SHORTCUTS,
+           qk_norm=True, end_of_turn=("<|im_end|>", "<|endoftext|>"),
+           vision=Vision(projector=("model.visual.merger", "model.visual.deepstack_merger_list"),
+                         processor="Qwen3VLProcessor", **_QWEN_VL),
+           examples=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct")),
+    Family("gemma3_vision", "Gemma 3 (vision, 4B and up)", ("gemma3",), "Gemma3ForConditionalGeneration",
+           shortcuts=VL_SHORTCUTS, end_of_turn=("<end_of_turn>",), norms_per_layer=4, qk_norm=True,
+           vision=Vision(processor="Gemma3Processor", token_types="token_type_ids", **_LLAVA),
+           examples=("google/gemma-3-4b-it",)),
+    Family("smolvlm", "SmolVLM", ("smolvlm",), "SmolVLMForConditionalGeneration", shortcuts=VL_SHORTCUTS,
+           end_of_turn=("<end_of_utterance>", "<|im_end|>"), vision=Vision(processor="SmolVLMProcessor", **_IDEFICS),
+           examples=("HuggingFaceTB/SmolVLM-256M-Instruct", "HuggingFaceTB/SmolVLM2-2.2B-Instruct")),
+    Family("idefics3", "Idefics3", ("idefics3",), "Idefics3ForConditionalGeneration", shortcuts=VL_SHORTCUTS,
+           end_of_turn=("<end_of_utterance>",), vision=Vision(processor="Idefics3Processor", **_IDEFICS),
+           examples=("HuggingFaceM4/Idefics3-8B-Llama3",)),
+    Family("llava", "LLaVA 1.5", ("llava",), "LlavaForConditionalGeneration", shortcuts=VL_SHORTCUTS,
+           end_of_turn=("</s>",), vision=Vision(processor="LlavaProcessor", **_LLAVA),
+           examples=("llava-hf/llava-1.5-7b-hf",)),
+    Family("llava_next", "LLaVA-NeXT (1.6)", ("llava_next",), "LlavaNextForConditionalGeneration",
+           shortcuts=VL_SHORTCUTS, end_of_turn=("</s>", "<|eot_id|>", "<|im_end|>"),
+           vision=Vision(processor="LlavaNextProcessor", **_LLAVA),
+           examples=("llava-hf/llava-v1.6-mistral-7b-hf",)),
+)
+TEXT_FAMILIES = FAMILIES
+FAMILIES = TEXT_FAMILIES + VISION_FAMILIES
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 
@@ -137,10 +202,21 @@ def family_of(config: Any) -> Family | None:
 
 
 def config_value(config: Any, key: str | None):
-    """config[key] for a dict or a transformers config; None for no key or an unset one."""
+    """config[key] for a dict or a transformers config (a vision-language model's: its text config's); None for no
+    key or an unset one."""
     if key is None:
         return None
-    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+    if isinstance(config, dict):
+        text = config.get("text_config")
+        return (text if isinstance(text, dict) else config).get(key)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, key, None)
+
+
+def vision_of(config: Any) -> Vision | None:
+    """The vision column of a config's family: None for a text model (or one outside the table)."""
+    family = family_of(config)
+    return family.vision if family else None
 
 
 def known_names() -> str:

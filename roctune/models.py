@@ -98,8 +98,7 @@ def _converted(gguf: str, target: str, name: str) -> str:
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    # The weights are dequantized to fp32 on load; drop the GGUF marker so they save as plain safetensors.
-    if hasattr(model.config, "quantization_config"):
+    if hasattr(model.config, "quantization_config"):  # dequantized to fp32 on load: save as plain safetensors
         del model.config.quantization_config
     model.hf_quantizer = None
     model.config._name_or_path = name
@@ -120,7 +119,8 @@ def _converted(gguf: str, target: str, name: str) -> str:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json")
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
+                    "processor_config.json", "preprocessor_config.json")  # the last two: a vision model's processor
 
 
 def check_model_files(folder: str) -> None:
@@ -205,11 +205,9 @@ def resolve_model(name: str | None) -> str:
 
 
 def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: str | None = None):
-    """The tokenizer of `path` with its chat template chosen (roctune.data.templates: `template` names one, else
-    the model's own, else its family's) and a pad token."""
+    """The tokenizer of `path`, ready (`ready_tokenizer`: `template` names one, else the model's own, else its
+    family's)."""
     from transformers import AutoTokenizer
-
-    from roctune.data.templates import apply_template
 
     path = resolve_model(path) if (path is None or not os.path.isdir(path)) else path
     if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):  # a folder, but not a model's
@@ -222,9 +220,16 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: 
         check_model_files(path)
         check_tokenizer_file(path)
         raise
+    return ready_tokenizer(tok, path, template)
+
+
+def ready_tokenizer(tok, path: str, template: str | None = None):
+    """`tok` (the model's at `path`, or its processor's) with its chat template chosen (roctune.data.templates)
+    and a pad token."""
+    from roctune.data.templates import apply_template
+
     family, tied = _family(path)
-    if tok.pad_token_id is None:
-        _family_pad(tok, family)
+    _family_pad(tok, family)
     apply_template(tok, template, family, tied)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # the EOS pads where nothing better is known
@@ -243,10 +248,9 @@ def _family(path: str):  # (its family, whether its embedding is tied to the out
 
 
 def _family_pad(tokenizer, family) -> None:
-    """A tokenizer without a pad token gets its family's reserved pad token when it has one (Llama 3.1's
-    <|finetune_right_pad_id|>), so padding is never the token that ends an answer."""
-    vocab = tokenizer.get_vocab() if family else {}
-    for token in family.pad_tokens if family else ():
+    """Its family's reserved pad token when it has one (Llama 3.1's <|finetune_right_pad_id|>): never the EOS."""
+    vocab = tokenizer.get_vocab() if family and tokenizer.pad_token_id is None else {}
+    for token in family.pad_tokens if vocab else ():
         if token in vocab:
             tokenizer.pad_token = token
             return
@@ -338,17 +342,14 @@ def model_class(scalar_head: bool = False):
 
 def head_kwargs(config, scalar_head: bool) -> dict:
     """from_pretrained's config arguments: a scaled config when given, and num_labels 1 for a scalar head."""
-    if config is None:
-        return {"num_labels": 1} if scalar_head else {}
-    if scalar_head:
+    if config is not None and scalar_head:
         config.num_labels = 1
-    return {"config": config}
+    return ({"num_labels": 1} if scalar_head else {}) if config is None else {"config": config}
 
 
 @contextmanager
 def hf_progress_off() -> Iterator[None]:
-    """transformers' per-tensor "Loading weights" / per-shard "Writing model shards" bars say nothing useful here
-    (and a bar left at 0% sits beside an error line)."""
+    """transformers' "Loading weights" / "Writing model shards" bars say nothing useful here."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -372,8 +373,7 @@ def refused_remote_code(path: str) -> Iterator[None]:
 
 
 def load_adapter(model, adapter: str, **kwargs):
-    """PeftModel.from_pretrained(model, adapter, **kwargs), with an adapter made for another model (its
-    target_modules absent from this one) as one line instead of peft's traceback."""
+    """PeftModel.from_pretrained(model, adapter, **kwargs); an adapter of another model is one line."""
     from peft import PeftModel
     from peft.utils.error import NoMatchingPeftModuleError
 

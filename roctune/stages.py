@@ -45,6 +45,7 @@ class Stage:
     produces: str = LANGUAGE_MODEL  # what its run is: LANGUAGE_MODEL or SCORER
     evaluated: str = "answers"  # how roctune eval measures its run (EVALUATIONS)
     shares: tuple[str, ...] = ()  # settings of another stage's section its recipe uses too (kto: dpo's --beta)
+    images: bool = False  # trains a vision-language model on records with images (roctune.vision)
 
     def owns(self, section) -> bool:
         """Whether `section` (a settings class) is this stage's own (its row names it)."""
@@ -62,7 +63,7 @@ class Stage:
 
 ROWS = (
     Stage("sft", "supervised answers", "监督学习回答", "roctune.data.records:load_records", "roctune.recipes.sft",
-          streaming=True, truncation=True, sequence_parallel=True),
+          streaming=True, truncation=True, sequence_parallel=True, images=True),
     Stage("pt", "continued pretraining on raw text: .txt files or a 'text' column, packed into --max-length blocks",
           "继续预训练：原始文本，.txt 文件或 'text' 列，打包成“最大长度”长的块",
           "roctune.data.text:load_documents", "roctune.recipes.pt", chat=False, evaluated="text"),

@@ -96,9 +96,9 @@ def _check(args) -> int:
     check_number("--max-length", args.max_length, gt=0)
     tokenizer = None
     if args.model or args.max_length:
-        from roctune.models import load_tokenizer
+        from roctune.vision import tokenizer_for
 
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = tokenizer_for(args.model)  # a vision model's processor counts image tokens
     report = check_data(args.paths, args.eval, tokenizer, args.max_length, _stderr)
     if args.json:
         json.dump(report, sys.stdout, ensure_ascii=False, indent=2)
@@ -149,6 +149,13 @@ def _print_check(report: dict) -> None:
                      f"{100 * tok['tokens_cut_share']:.1f}%); --truncation split would make "
                      f"{tok['split_examples']:,} examples of them")
         con.print(line)
+    images = report.get("images")
+    if images:
+        per = images["tokens_per_image"]
+        con.print(f"images: {images['images']} in {images['records_with_images']} records (at most "
+                  f"{images['max_per_record']} in one), every one read and decoded; "
+                  + (f"tokens per image {per['min']}-{per['max']} (mean {per['mean']}, {per['total']:,} in all; "
+                     "counted in the lengths above)" if per else "their token counts need a vision model: --model"))
     con.print("[bold red]schema errors: exit 1[/]" if errs["count"] else "[green]no schema errors[/]")
 
 
@@ -199,14 +206,14 @@ def _preview(args) -> int:
     from roctune.data.preview import preview_record, template_choice
     from roctune.data.render import RenderOptions
     from roctune.errors import ConfigError
-    from roctune.models import load_tokenizer
+    from roctune.vision import tokenizer_for
 
     if args.max_length is not None and args.max_length <= 0:
         raise ConfigError("--max-length must be a positive number of tokens")
     options = RenderOptions(args.learn_reasoning, args.empty_think)
-    tokenizer = load_tokenizer(args.model, template=args.template)
-    where, result = preview_record(args.source, tokenizer, args.index, options, args.max_length)
-    result["template"] = template_choice(tokenizer, options)
+    reader = tokenizer_for(args.model, template=args.template)  # a vision model's: its processor, with images
+    where, result = preview_record(args.source, reader, args.index, options, args.max_length)
+    result["template"] = template_choice(getattr(reader, "tokenizer", reader), options)
     if args.json:
         json.dump(result, sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")
@@ -218,6 +225,9 @@ def _preview(args) -> int:
         con.print(f"reasoning: {result['template']['reasoning']}", markup=False)
     con.print(f"[bold]{where}[/]: {result['tokens']} tokens, {result['learned_tokens']} learned "
               "([bold green]learned[/], [dim]context[/])")
+    for k, image in enumerate(result.get("images", ())):
+        con.print(f"image {k + 1}: {image['source']} ({image['width']}x{image['height']}), {image['tokens']} tokens "
+                  "(context)", markup=False)
     text = Text()
     for seg in result["segments"]:
         text.append(seg["text"], style="bold green" if seg["train"] else "dim")

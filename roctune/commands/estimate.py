@@ -3,11 +3,14 @@ are loaded), whether it fits a GPU, and the smallest changes that make it fit.""
 from __future__ import annotations
 
 import argparse
+import os
 
 from roctune import config
+from roctune.config import check_number
 
 # The settings estimate shares with `roctune train`: flags, types, choices, help and defaults from the schema.
-SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing", "offload")
+SHARED = ("method", "batch_size", "lora_r", "lora_dropout", "dtype", "attn", "grad_checkpointing", "offload",
+          "train_vision_tower", "vision_tower_lora", "train_projector", "image_max_pixels", "image_min_pixels")
 
 
 def register(sub) -> None:
@@ -24,6 +27,9 @@ def register(sub) -> None:
                    help="modules to adapt (default: the model family's attention projections) or all-linear")
     p.add_argument("--freeze-layers", type=int, default=2, help="--method freeze: last layers trained")
     p.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd"], default="adamw")
+    p.add_argument("--images", type=int, default=None, metavar="N",
+                   help="a vision-language model: images per example (default 1); their tokens, from the model's "
+                        "processor at --image-max-pixels, are part of --max-length")
     p.add_argument("--supervised-fraction", type=float, default=1.0,
                    help="share of positions where logits are computed (roctune's trainer computes them only "
                         "at trained positions: e.g. 0.3 for short answers after long prompts)")
@@ -113,7 +119,8 @@ def run(args) -> int:
     arch = memory.Architecture.from_config(args.model)
     if args.max_length == "auto":
         return _auto_length(arch, cfg, args, gpu, vram, console)
-    est = estimate_run(arch, cfg, device=args.device, supervised_fraction=args.supervised_fraction)
+    est = estimate_run(arch, cfg, device=args.device, supervised_fraction=args.supervised_fraction,
+                       **_vision(args, cfg))
     kwargs = fit_kwargs(est)
     fixes = memory.fit_suggestions(arch, vram, **kwargs) if vram is not None and not est.fits(vram) else []
     largest = memory.largest_fitting(arch, vram, **kwargs) if vram is not None and args.suggest else None
@@ -156,6 +163,29 @@ def run(args) -> int:
     return 0
 
 
+def _vision(args, cfg) -> dict:
+    """estimate_run's vision arguments: a vision-language model's folder and images per example; --images for a
+    text model, or more image tokens than --max-length holds, is refused."""
+    from roctune.errors import ConfigError
+    from roctune.vision import vision_row
+
+    check_number("--images", args.images, ge=0, le=1024)
+    folder = args.model if os.path.isdir(os.path.expanduser(args.model)) else None
+    if folder is None or vision_row(folder) is None:
+        if args.images:
+            raise ConfigError(f"--images: {args.model} is not a vision-language model (a local folder whose family has "
+                              "a vision tower); drop --images")
+        return {}
+    from roctune.memory.vision import vision_shape
+
+    images = 1 if args.images is None else args.images
+    per = vision_shape(folder, cfg.image_max_pixels, cfg.image_min_pixels).tokens_per_image
+    if isinstance(args.max_length, int) and images * per >= args.max_length:
+        raise ConfigError(f"--max-length {args.max_length} cannot hold {images} image(s) of {per} tokens each "
+                          f"(--image-max-pixels {cfg.image_max_pixels}); raise --max-length or lower the pixels")
+    return {"images": images, "vision_model": folder}
+
+
 def _train_settings(args):
     """The flags as the settings `roctune train` would run with (the names roctune.memory.plan.estimate_run reads)."""
     from types import SimpleNamespace
@@ -164,7 +194,11 @@ def _train_settings(args):
                            lora_r=args.lora_r, lora_dropout=args.lora_dropout, target_modules=args.target_modules,
                            freeze_trainable_layers=args.freeze_layers, dtype=args.dtype, attn=args.attn,
                            grad_checkpointing=args.grad_checkpointing, grad_accum=1, optimizer=args.optimizer,
-                           loss_on_supervised_only=True, offload=args.offload)
+                           loss_on_supervised_only=True, offload=args.offload,
+                           train_vision_tower=args.train_vision_tower,
+                           vision_tower_lora=args.vision_tower_lora,
+                           train_projector=args.train_projector, image_max_pixels=args.image_max_pixels,
+                           image_min_pixels=args.image_min_pixels)
 
 
 def _auto_length(arch, cfg, args, where, memory_bytes, console) -> int:

@@ -1,6 +1,7 @@
 """`roctune models`: the models to start from (`list`) and their download (`pull ID`) into $ROCTUNE_HOME/models,
 from the Hugging Face hub (HF_ENDPOINT=https://hf-mirror.com for its mirror) or ModelScope (ROCTUNE_HUB=modelscope,
-or an id like modelscope:Qwen/Qwen2.5-0.5B-Instruct). A pulled id then works offline: roctune train --model ID."""
+or an id like modelscope:Qwen/Qwen2.5-0.5B-Instruct). A pulled id then works offline: roctune train --model ID.
+`build-vlm` assembles a vision-language model from a text model and a fresh vision tower (roctune.vision.build)."""
 from __future__ import annotations
 
 import sys
@@ -21,6 +22,19 @@ def register(sub) -> None:
     pull.add_argument("--trust-remote-code", action="store_true",
                       help="also download the repository's own code (*.py) for a model that needs it")
     pull.set_defaults(func=run_pull)
+    build = actions.add_parser("build-vlm", help="assemble a vision-language model from a text model and a fresh "
+                               "vision tower", description="Join a text model (--text) and a freshly initialised "
+                               "vision encoder (--vision CONFIG.json; default a small SigLIP-shaped tower) with a "
+                               "projector, in SmolVLM's layout: a model folder that `roctune train --model DIR "
+                               "--train-vision-tower --train-projector` teaches to see.")
+    build.add_argument("--output", required=True, metavar="DIR", help="the new model folder (must not exist yet)")
+    build.add_argument("--text", metavar="MODEL", help="the text model (default: the bundled SmolLM2-135M-Instruct)")
+    build.add_argument("--vision", metavar="CONFIG.json", help="the vision tower's shape: a JSON object of "
+                       "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, image_size, "
+                       "patch_size, scale_factor (default: 192 wide, 4 layers, 64x64 pixels in 8-pixel patches, "
+                       "16 tokens per image)")
+    build.add_argument("--seed", type=int, default=0, help="seed of the fresh tower and projector (default 0)")
+    build.set_defaults(func=run_build_vlm)
 
 
 def run_list(args) -> int:
@@ -50,3 +64,12 @@ def run_pull(args) -> int:
     print(f"train on it with: roctune train --model {args.id}", file=sys.stderr)
     return 0
 
+
+def run_build_vlm(args) -> int:
+    from roctune.vision.build import build_vlm
+
+    built = build_vlm(args.output, args.text, args.vision, args.seed, log=lambda line: print(line, file=sys.stderr))
+    print(built["output"])
+    print(f"train it on image data with: roctune train --model {built['output']} --data FILE "
+          "--train-vision-tower --train-projector", file=sys.stderr)
+    return 0

@@ -24,10 +24,11 @@ from roctune.config.model import ModelSettings
 from roctune.config.optim import OptimSettings
 from roctune.config.processes import ProcessSettings
 from roctune.config.run import RunSettings
+from roctune.config.vision import VisionSettings
 
 SECTIONS = (DataSettings, ModelSettings,
             *(row.load_settings() for row in stages.ROWS if row.settings),
-            OptimSettings, LoraSettings, RunSettings, HardwareSettings, ProcessSettings, LongSettings)
+            OptimSettings, LoraSettings, VisionSettings, RunSettings, HardwareSettings, ProcessSettings, LongSettings)
 
 _FIELDS = [f for section in SECTIONS for f in dataclasses.fields(section)]
 

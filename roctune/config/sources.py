@@ -92,11 +92,11 @@ def from_sources(yaml_path: str | None = None, flags: dict[str, Any] | None = No
 GROUP_TITLES_ZH = {"data": "数据", "model": "模型与方法", "training": "优化", "lora": "LoRA 与冻结",
                    "run": "日志、评估与检查点", "hardware": "硬件",
                    "processes": "多进程（有效批大小 = 批大小 × 梯度累积 × 进程数）",
-                   "rl": "强化学习（训练阶段 grpo）"}
+                   "rl": "强化学习（训练阶段 grpo）", "vision": "视觉语言模型"}
 GROUP_TITLES = {"data": "data", "model": "model and method", "training": "optimisation", "lora": "LoRA and freeze",
                 "run": "logging, evaluation and checkpoints", "hardware": "hardware",
                 "processes": "several processes (effective batch = batch-size x grad-accum x processes)",
-                "rl": "reinforcement learning (--stage grpo)"}
+                "rl": "reinforcement learning (--stage grpo)", "vision": "vision-language models"}
 
 
 def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None,

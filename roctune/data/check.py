@@ -1,5 +1,6 @@
 """`roctune data check`: schema errors and quality warnings (empty turns, exact and near duplicates,
-conflicting answers, answers that repeat the prompt, overlap with eval data, token lengths).
+conflicting answers, answers that repeat the prompt, overlap with eval data, token lengths), and the images: how
+many (each checked where it is read, roctune.data.images) and, with a vision model, their tokens each.
 
 Checks stream the data once. Per record they keep only fixed-size hashes (exact conversation, normalised
 prompt, normalised answer) and a line number, in flat arrays of 64-bit integers, so memory stays bounded
@@ -11,6 +12,7 @@ import array
 import bisect
 from typing import Any
 
+from roctune.data.image_tokens import ImageText, tokenize_image_conversation
 from roctune.data.keys import conversation_keys
 from roctune.data.readers import file_kind, location
 from roctune.data.records import Example, iter_examples, source_bytes
@@ -70,6 +72,8 @@ class _Scan:
         self.empty = _Finding("records with an empty or whitespace-only turn")
         self.echo = _Finding("answers identical to their prompt")
         self.overlap = _Finding("training records also in the --eval data")
+        self.images = array.array("I")  # images per record
+        self.image_tokens = array.array("q")  # tokens per image, with a vision model's processor
 
     def on_error(self, err: DataError) -> None:
         self.errors.add(str(err))
@@ -88,7 +92,16 @@ class _Scan:
             self.echo.add(ex.where)
         if near in eval_keys:
             self.overlap.add(ex.where)
-        if tokenizer is not None:
+        self.images.append(len(ex.images))
+        if isinstance(tokenizer, ImageText):  # a vision model: the lengths count every image's tokens
+            try:
+                ids, _, spans = tokenize_image_conversation(tokenizer, ex.messages, ex.images, ex.where, ex.tools)
+            except DataError as e:  # the template placed a different number of images: an error of the record
+                self.errors.add(str(e))
+                return
+            self.image_tokens.extend(b - a for a, b in spans)
+            self.lengths.append(len(ids))
+        elif tokenizer is not None:
             ids, _ = tokenize_conversation(tokenizer, ex.messages, None, ex.where, ex.tools)
             self.lengths.append(len(ids))
 
@@ -219,5 +232,20 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
             "answer_equals_prompt": scan.echo.report(),
             "eval_overlap": scan.overlap.report(),
         },
-        "tokens": _token_stats(scan.lengths, max_length) if tokenizer is not None and n_valid else None,
+        "tokens": _token_stats(scan.lengths, max_length) if len(scan.lengths) else None,
+        "images": _image_stats(scan),
     }
+
+
+def _image_stats(scan: _Scan) -> dict | None:
+    """How many images, in how many records, and (with a vision model's processor) their tokens each."""
+    per_record = list(scan.images)
+    if not any(per_record):
+        return None
+    out = {"images": sum(per_record), "records_with_images": sum(1 for n in per_record if n),
+           "max_per_record": max(per_record), "tokens_per_image": None}
+    if len(scan.image_tokens):
+        counts = list(scan.image_tokens)
+        out["tokens_per_image"] = {"min": min(counts), "max": max(counts),
+                                   "mean": round(sum(counts) / len(counts), 1), "total": sum(counts)}
+    return out

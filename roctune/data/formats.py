@@ -3,7 +3,9 @@
 A conversation is `[{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}, ...]`. Supported formats:
 - alpaca: `instruction`, optional `input`, `output`, optional `system` and `history` ([[user, assistant], ...])
 - OpenAI chat: `messages: [{role, content}]`; an assistant turn may carry `tool_calls` (its content may then be
-  null) and `reasoning_content`; a `tool` turn carries the result of a call (`tool_call_id`, `name`)
+  null) and `reasoning_content`; a `tool` turn carries the result of a call (`tool_call_id`, `name`); a content
+  may be a list of parts (text, image_url, image): the text gets an <image> tag per image and the turn its images
+  (roctune.data.images; Source.to_images checks the files)
 - sharegpt: `conversations: [{from, value}]` (from: human/user, gpt/assistant/model, system, and
   `function_call` (the value is the call as JSON) / `observation` (the tool's result), as LLaMA-Factory writes them)
 - prompt/completion: `prompt`, `completion`
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from roctune.data.images import parts_text
 from roctune.errors import DataError
 
 ROLE_ALIASES = {
@@ -117,8 +120,14 @@ def _turn(turn: dict, role: str, ck: str, where: str) -> dict:
         calls = maybe_json(turn.get(ck), where, ck)
         return {"role": "assistant", "content": "", "tool_calls": parse_tool_calls(calls, where, ck)}
     calls = turn.get("tool_calls") if role == "assistant" else None
-    content = "" if calls and turn.get(ck) is None else field_text(turn, ck, where)
+    images = []
+    if isinstance(turn.get(ck), list):  # OpenAI content parts: text, and images (roctune.data.images)
+        content, images = parts_text(turn[ck], where, ck)
+    else:
+        content = "" if calls and turn.get(ck) is None else field_text(turn, ck, where)
     msg: dict = {"role": role, "content": content}
+    if images:
+        msg["images"] = images  # (value, where) each: Source.to_images checks and takes them out
     if calls:
         msg["tool_calls"] = parse_tool_calls(calls, where, "tool_calls")
     if role == "assistant" and turn.get("reasoning_content") is not None:

@@ -1,12 +1,14 @@
 """What training learns from one record: the record rendered and tokenized exactly as `roctune train` does
 (`conversation_segments` + `tokenize_segments`, the functions `tokenize_conversation` is made of), as pieces of
-text marked learned or context, with the token counts. `roctune data preview` and the web UI's Data panel show it.
+text marked learned or context, with the token counts; a vision model's record with its images, each image's
+tokens shown as one piece with their count. `roctune data preview` and the web UI's Data panel show it.
 """
 from __future__ import annotations
 
 import sys
 from itertools import islice
 
+from roctune.data.image_tokens import ImageText, tokenize_image_conversation, truncate_spans
 from roctune.data.records import Example, iter_examples
 from roctune.data.render import RenderOptions, conversation_segments, template_traits, tokenize_segments
 from roctune.data.templates import template_of
@@ -48,10 +50,39 @@ def preview_conversation(tokenizer, messages: list[dict], tools: list[dict] | No
     return {"segments": out, "tokens": tokens, "learned_tokens": learned}
 
 
+def preview_images(it: ImageText, ex: Example, options: RenderOptions | None = None,
+                   max_length: int | None = None) -> dict:
+    """`preview_conversation` for a vision model (`it`: its processor): each image's tokens shown as one piece
+    "[image K: N tokens]" (context), and `images`: each image's source, size and token count; `max_length` cuts as
+    training does (never inside an image: roctune.data.image_tokens.truncate_spans)."""
+    ids, labels, spans = tokenize_image_conversation(it, ex.messages, ex.images, ex.where, ex.tools, options)
+    images = list(ex.images)
+    if max_length is not None:
+        ids, labels, keep, spans = truncate_spans(ids, labels, spans, max_length, "right", ex.where)[0]
+        images = [images[k] for k in keep]
+    out: list[dict] = []
+    at = 0
+    for k, (a, b) in enumerate(spans + [(len(ids), len(ids))]):
+        while at < a:  # text up to the image, in runs of learned or context tokens
+            learned = labels[at] != -100
+            end = next((t for t in range(at, a) if (labels[t] != -100) != learned), a)
+            out.append({"text": it.tokenizer.decode(ids[at:end]), "train": learned})
+            at = end
+        if b > a:
+            out.append({"text": f"[image {k + 1}: {b - a} tokens]", "train": False, "image": k})
+        at = b
+    return {"segments": out, "tokens": len(ids), "learned_tokens": sum(1 for x in labels if x != -100),
+            "images": [{"source": r.source, "width": r.width, "height": r.height, "tokens": b - a}
+                       for r, (a, b) in zip(images, spans)]}
+
+
 def preview_record(spec: str, tokenizer, index: int = 0, options: RenderOptions | None = None,
                    max_length: int | None = None) -> tuple[str, dict]:
-    """(where the record is, its preview) for record `index` of one --data value."""
+    """(where the record is, its preview) for record `index` of one --data value; `tokenizer` may be a vision
+    model's ImageText (roctune.vision.tokenizer_for), whose preview shows the images and their tokens."""
     ex = read_example(spec, index)
+    if isinstance(tokenizer, ImageText):
+        return ex.where, preview_images(tokenizer, ex, options, max_length)
     return ex.where, preview_conversation(tokenizer, ex.messages, ex.tools, options, max_length, ex.where)
 
 

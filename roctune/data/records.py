@@ -27,6 +27,7 @@ class Record:
     messages: list[dict[str, Any]]
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     tools: list[dict] | None = None  # the functions the assistant may call (OpenAI schema), if any
+    images: list = field(default_factory=list)  # checked images (data.images.ImageRef), one per <image> tag
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class Example:
     path: str
     num: int  # line (JSONL, CSV), record index (JSON) or row index (Parquet)
     tools: list[dict] | None = None
+    images: list = field(default_factory=list)
 
 
 def combine_errors(errors: list[DataError], more: bool = False) -> DataError:
@@ -128,10 +130,11 @@ def iter_examples(specs: str | Iterable[str], on_error: OnError = None, on_read:
                     try:
                         msgs = src.to_messages(obj, where)
                         tools = src.to_tools(obj, where)
+                        images = src.to_images(obj, msgs, where)
                     except DataError as e:
                         raise_or_report(on_error, e)
                         continue
-                    yield Example(where, obj, msgs, src.path, num, tools)
+                    yield Example(where, obj, msgs, src.path, num, tools, images)
             except DataError as e:  # the file cannot be read on (truncated, not UTF-8, empty): go to the next
                 count_error(e)
             if n_raw == 0 and n_errors == 0:
@@ -164,7 +167,7 @@ def load_records(paths: str | Iterable[str], limit: int | None = None, max_error
         return _read(specs, limit, max_errors)
     errors = ErrorLimit(max_errors)
     with errors.collecting():
-        groups = [[Record(ex.where, ex.messages, ex.obj, ex.tools) for ex in iter_examples(s, errors)]
+        groups = [[Record(ex.where, ex.messages, ex.obj, ex.tools, ex.images) for ex in iter_examples(s, errors)]
                   for s in specs]
     return mix(groups, weights, seed)[:limit]
 
@@ -185,7 +188,7 @@ def _read(specs: list[str], limit: int | None, max_errors: int) -> list[Record]:
     errors = ErrorLimit(max_errors)
     with errors.collecting():
         for ex in iter_examples(specs, errors):
-            records.append(Record(ex.where, ex.messages, ex.obj, ex.tools))
+            records.append(Record(ex.where, ex.messages, ex.obj, ex.tools, ex.images))
             if limit is not None and len(records) >= limit:
                 break
     return records
@@ -225,9 +228,12 @@ class StreamedRecords:
                             "or --streaming")
         errors = ErrorLimit(max_errors)
         count = 0
+        self.with_images: str | None = None  # the first record with images (a text model refuses it)
         with errors.collecting():
-            for _ in iter_examples(self.specs, errors):
+            for ex in iter_examples(self.specs, errors):
                 count += 1
+                if ex.images and self.with_images is None:
+                    self.with_images = ex.where
         self.count = count
 
     def __len__(self) -> int:
@@ -235,4 +241,4 @@ class StreamedRecords:
 
     def __iter__(self) -> Iterator[Record]:
         for ex in iter_examples(self.specs):
-            yield Record(ex.where, ex.messages, tools=ex.tools)
+            yield Record(ex.where, ex.messages, tools=ex.tools, images=ex.images)

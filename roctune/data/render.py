@@ -18,6 +18,10 @@ the reasoning is learned and what becomes of an empty `<think></think>` block.
 Learned: assistant answers, their tool calls and (by default) reasoning, with the end-of-turn token. Not learned:
 system and user turns, the tool list, tool results and the template's headers.
 
+Images: a vision model's tokenizer (roctune.vision.load_image_text marks it `roctune_content_parts`) gets each turn
+as content parts, an image part where the text holds an <image> tag, as its template expects
+(roctune.data.image_tokens expands them).
+
 Nothing here imports torch or transformers: a tokenizer is passed in.
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_c
                                         tool_format_of)
 from roctune.data import templates
 from roctune.data.formats import parse_tool_calls
+from roctune.data.images import content_parts
 from roctune.errors import DataError
 
 if TYPE_CHECKING:
@@ -227,6 +232,9 @@ def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None =
 
 def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    if getattr(tokenizer, "roctune_content_parts", False):  # a vision model's template takes content parts
+        messages = [{**m, "content": content_parts(m["content"])} if isinstance(m.get("content"), str) else m
+                    for m in messages]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **kwargs)
 
@@ -415,9 +423,14 @@ def iter_tokenized(tokenizer, records: Iterable[Record], max_length: int,
 def tokenize_records(tokenizer, records: Iterable[Record], max_length: int,
                      options: RenderOptions | None = None) -> tuple[list[Tokenized], int]:
     """Tokenize every record. Returns (examples, number dropped because truncation left no answer)."""
-    out: list[Tokenized] = []
+    return collect(iter_tokenized(tokenizer, records, max_length, options))
+
+
+def collect(items: Iterable) -> tuple[list, int]:
+    """(the examples a tokenizing iterator yields, how many it dropped: the Nones)."""
+    out: list = []
     dropped = 0
-    for item in iter_tokenized(tokenizer, records, max_length, options):
+    for item in items:
         if item is None:
             dropped += 1
         else:

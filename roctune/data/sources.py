@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from roctune.data.formats import field_text, maybe_json, parse_turns, record_tools, to_messages
+from roctune.data.images import check_marker_count, read_image, read_images
 from roctune.errors import DataError
 
 _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".pq")
@@ -27,6 +28,7 @@ class Source:
     formatting: str | None = None  # "alpaca" | "sharegpt" for LLaMA-Factory datasets
     columns: dict = field(default_factory=dict)
     tags: dict = field(default_factory=dict)
+    root: str | None = None  # the LLaMA-Factory data directory it came from: image paths may be relative to it
 
     def to_messages(self, obj: dict, where: str) -> list[dict[str, str]]:
         """The record as a training conversation (roles in order), through the dataset's mapping if any."""
@@ -37,6 +39,27 @@ class Source:
     def to_tools(self, obj: dict, where: str) -> list[dict] | None:
         """The record's tool list: its `tools` field, or the column dataset_info.json maps `tools` to."""
         return record_tools(obj, where, self.columns.get("tools", "tools"))
+
+    def to_images(self, obj: dict, messages: list[dict], where: str) -> list:
+        """The record's images, checked (roctune.data.images.ImageRef), in the order the turns place them: the
+        images of content parts (taken out of `messages`), or the `images` column (or the column dataset_info.json
+        maps `images` to) with one <image> tag in the turns per image. Paths are relative to the data file's folder
+        (or to the LLaMA-Factory data directory, as LLaMA-Factory reads them)."""
+        inline = [item for m in messages for item in m.pop("images", ())]
+        key = self.columns.get("images", "images")
+        column = maybe_json(obj.get(key), where, key)
+        if not inline and column in (None, "", []):
+            return []
+        roots = [os.path.dirname(os.path.abspath(self.path))]
+        if self.root and os.path.abspath(self.root) not in roots:
+            roots.append(os.path.abspath(self.root))
+        if inline:
+            if column not in (None, "", []):
+                raise DataError(f"{where}: images both in content parts and in field '{key}'; give them one way")
+            return [read_image(value, roots, here) for value, here in inline]
+        images = read_images(column, roots, where, key)
+        check_marker_count(messages, images, where, key)
+        return images
 
 
 _WEIGHT = re.compile(r"^(?P<rest>.+):(?P<w>\d+(?:\.\d*)?(?:e-?\d+)?|\.\d+)$")
@@ -142,7 +165,7 @@ def _entry_sources(directory: str, where: str, name: str, entry) -> list[Source]
         files = [path]
     else:
         raise DataError(f"{where}: file_name {file_name!r}: no such file in {directory}")
-    return [Source(p, name, formatting, columns, tags) for p in files]
+    return [Source(p, name, formatting, columns, tags, directory) for p in files]
 
 
 def sharegpt_tags(src: Source) -> tuple[str, str, dict[str, str]]:

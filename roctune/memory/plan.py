@@ -58,11 +58,13 @@ def choose_checkpointing(asked: bool, max_length: int, device: str, offload: str
 
 def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str | None = None,
                  batch_size: int | None = None, max_length: int | None = None, supervised_fraction: float = 1.0,
-                 packed: bool = False):
+                 packed: bool = False, images: int = 0, vision_model: str | None = None):
     """The estimate of one training step of `cfg` (a TrainConfig, or anything with its field names) on `model`
     (a config source for roctune.memory.estimate). dtype/attn None: as `train` chooses them for `device`;
     batch_size/max_length override cfg's (the OOM advice's micro-batch, a length search). On the CPU it is
-    the process's peak RSS (the interpreter and libraries included), what the machine's RAM must hold."""
+    the process's peak RSS (the interpreter and libraries included), what the machine's RAM must hold. A
+    vision-language model (`vision_model`: its folder) adds its tower and projector, with `images` per example
+    (roctune.memory.vision; their tokens are part of --max-length)."""
     from roctune.families import family_of
     from roctune.memory.architecture import Architecture
     from roctune.memory.estimate import estimate
@@ -86,7 +88,23 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
     if plan.offload:
         est.notes.append(f"checkpointed layer inputs offloaded: {est.host_bytes / 2**30:.2f} GiB of pinned host "
                          f"memory, not in the GPU total ({plan.reason})")
-    return est
+    return _with_vision(est, vision_model, cfg, images * B) if vision_model else est
+
+
+def _with_vision(est, model_dir: str, cfg, images: int):
+    """`est` with a vision model's tower and projector (roctune.memory.vision), unchanged for a text model."""
+    from roctune.memory.estimate import DTYPE_BYTES
+    from roctune.memory.vision import add_vision, vision_shape
+
+    shape = vision_shape(model_dir, getattr(cfg, "image_max_pixels", 768 * 768),
+                         getattr(cfg, "image_min_pixels", 32 * 32))
+    if shape is None:
+        return est
+    return add_vision(est, shape, method=cfg.method, dtype_bytes=DTYPE_BYTES.get(est.settings.get("dtype"), 4),
+                      images=images,
+                      train_tower=bool(getattr(cfg, "train_vision_tower", False)),
+                      tower_lora=bool(getattr(cfg, "vision_tower_lora", False)),
+                      train_projector=bool(getattr(cfg, "train_projector", False)), lora_r=cfg.lora_r)
 
 
 def _dtype(cfg, device: str) -> str:

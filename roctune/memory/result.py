@@ -30,6 +30,9 @@ class MemoryEstimate:
         "optimizer_step": "optimizer step workspace",
         "not_concurrent": "minus: not alive at the same time",
         "overhead": "framework / allocator overhead",
+        "vision_weights": "vision tower and projector (frozen)",  # roctune.memory.vision
+        "vision_trained": "trained vision parameters, gradients, AdamW",
+        "vision_activations": "vision activations kept for backward",
     }
 
     @property

@@ -31,7 +31,10 @@ def start_model_name(cfg) -> str | None:
 
 def check(cfg, base_model: str) -> None:
     """Raise ConfigError/EnvironmentProblem for anything about the method that is wrong, before loading."""
+    from roctune import vision
+
     row = METHODS[cfg.method]
+    vision.check(cfg, base_model)  # the vision flags against the model
     if cfg.adapter:
         if not row.adapter:
             raise ConfigError(f"--adapter starts from a LoRA adapter, which --method {cfg.method} cannot train; "
@@ -57,8 +60,17 @@ def check(cfg, base_model: str) -> None:
 
 def build_model(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
     """The model to train for cfg.method, on setup.device in setup.dtype; `scalar_head`: a reward model (one score
-    per sequence, models.load_model), whose new head always trains."""
-    return METHODS[cfg.method].load().build(cfg, setup, base_model, log, scalar_head)
+    per sequence, models.load_model), whose new head always trains. A vision-language model (setup.vision) is the
+    method's `build_vision`: the language model by the method, the tower and projector by the vision flags, said in
+    one line (roctune.vision.describe_parts)."""
+    code = METHODS[cfg.method].load()
+    if getattr(setup, "vision", None) is None:
+        return code.build(cfg, setup, base_model, log, scalar_head)
+    from roctune.vision import describe_parts, vision_row
+
+    model = code.build_vision(cfg, setup, base_model, log)
+    log(describe_parts(model, vision_row(base_model)))
+    return model
 
 
 def load_trained_base(method: Method, path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False,

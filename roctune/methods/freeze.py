@@ -7,11 +7,17 @@ from roctune.methods.tree import leaf_names
 
 
 def decoder_layers(model):
-    """(prefix, ModuleList) of the model's repeated decoder blocks."""
+    """(prefix, ModuleList) of the model's repeated decoder blocks (a vision-language model's: its language
+    model's, roctune.vision)."""
     import torch
 
+    from roctune.vision import vision_row
+
+    row = vision_row(model)
+    prefix = row.language_model if row is not None and hasattr(model, "get_submodule") else ""
     best = None
-    for name, mod in model.named_modules():
+    for name, mod in (model.get_submodule(prefix).named_modules(prefix=prefix) if prefix
+                      else model.named_modules()):
         if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
             if best is None or len(mod) > len(best[1]):
                 best = (name, mod)
@@ -97,4 +103,16 @@ def build(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
         log(f"warning: the rows of the template's {', '.join(setup.turn_tokens)} stay frozen, and a base model may "
             f"never have learned them (answers may not stop): add --freeze-extra-modules {' '.join(emb)} or use "
             "--method lora, which trains those rows")
+    return model
+
+
+def build_vision(cfg, setup, base_model: str, log=print):
+    """A vision-language model: the chosen layers of its language model train, the tower and projector as
+    --train-vision-tower / --train-projector say."""
+    from roctune import vision
+    from roctune.methods.parts import load_vision
+
+    model, row = load_vision(cfg, setup, base_model)
+    freeze_except(vision.language_model(model, row), cfg)
+    vision.set_parts_trainable(model, row, cfg.train_vision_tower, cfg.train_projector)
     return model

@@ -143,6 +143,29 @@ def _text_adapter_with_head(model, adapter: str, conf):
     return peft_model
 
 
+def build_vision(cfg, setup, base_model: str, log=print, quantization=None):
+    """A vision-language model with LoRA on its language model's targets (and on the tower's linear layers with
+    --vision-tower-lora); the tower (--train-vision-tower) and the projector (--train-projector) trained whole beside
+    it (peft's modules_to_save); `quantization`: qlora's 4-bit language model."""
+    from peft import get_peft_model
+
+    from roctune import vision
+    from roctune.methods.parts import load_vision
+    from roctune.models import load_adapter
+
+    model, row = load_vision(cfg, setup, base_model, quantization)
+    if cfg.adapter:
+        return load_adapter(model, cfg.adapter, is_trainable=True)
+    if "auto" in cfg.target_modules:
+        cfg.target_modules = auto_targets(model, leaf_names(model), cfg.target_modules)
+    conf = lora_config(cfg)
+    conf.target_modules = vision.lora_pattern(model, row, list(cfg.target_modules), cfg.vision_tower_lora)
+    whole = vision.tower_modules(model, row) if cfg.train_vision_tower and not cfg.vision_tower_lora else []
+    conf.modules_to_save = (list(conf.modules_to_save or []) + whole
+                            + (vision.projector_modules(model, row) if cfg.train_projector else []))
+    return get_peft_model(model, conf)
+
+
 def build(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
     """The base model with a LoRA adapter (fresh, or --adapter DIR) on top."""
     from roctune.models import load_model

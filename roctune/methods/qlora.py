@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from roctune.errors import EnvironmentProblem
 from roctune.methods import lora
+from roctune.methods.parts import exact_4bit
 
 
 # ------------------------------------------------------------------------------------------ bitsandbytes
@@ -87,15 +88,7 @@ def load_4bit(path: str, dtype: str, device: str, attn: str, trust_remote_code: 
     model = model_class(scalar_head).from_pretrained(
         path, dtype=torch_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code,
         quantization_config=qlora_config(dtype), device_map={"": where}, **head_kwargs(config, scalar_head))
-    if device == "cpu":
-        # bitsandbytes repacks 4-bit weights on the first no-grad forward on CPUs with AVX512-BF16, for a
-        # kernel that comes from the separate `kernels` package; without that package the repacked path
-        # gives wrong outputs (measured: logits off by ~40), and the repacked weights no longer dequantize.
-        # The plain dequantize-then-matmul path is exact, so keep every layer on it.
-        for module in model.modules():
-            if hasattr(module, "support_avx512bf16_for_cpu"):
-                module.support_avx512bf16_for_cpu = False
-    return model
+    return exact_4bit(model, device)
 
 
 def build(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
@@ -104,6 +97,13 @@ def build(cfg, setup, base_model: str, log=print, scalar_head: bool = False):
     model = load_4bit(base_model, setup.dtype, setup.device, setup.attn, cfg.trust_remote_code,
                       cfg.rope_scaling, scalar_head)
     return lora.attach_lora(model, cfg, setup.turn_tokens, log, scalar_head)
+
+
+def build_vision(cfg, setup, base_model: str, log=print):
+    """A vision-language model with its language model's linear weights in 4 bits (tower, projector and output
+    layer not) and LoRA as roctune.methods.lora puts it."""
+    log(f"qlora: the language model's weights in 4-bit NF4, computing in {setup.dtype}; tower and projector not")
+    return lora.build_vision(cfg, setup, base_model, log, qlora_config(setup.dtype))
 
 
 def load_trained_base(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool = False,

@@ -31,7 +31,10 @@ def prepare(cfg, check_output: bool = True):
     if check_inputs:  # the stage's own checks before the model loads (grpo: its rewards), in its recipe file
         check_inputs(cfg, records + eval_records)
     base_model = resolve_model(methods.start_model_name(cfg))
-    methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes: before anything loads
+    from roctune import vision
+
+    vision.check_records([records, eval_records], base_model)  # images need a model with a vision tower
+    methods.check(cfg, base_model)  # method, adapter, module names, bitsandbytes, vision flags: before anything loads
     if cfg.rope_scaling:  # a model whose rope is already scaled is refused here, from its config
         from roctune.models import scaled_config
 

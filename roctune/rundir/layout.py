@@ -47,7 +47,8 @@ def is_full_model_dir(path: str) -> bool:
 OWN_FILES = {RUN_FILE, METRICS_FILE, LOSS_PLOT, STATUS_FILE, COMPLETIONS_FILE, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
              MODEL_CONFIG, "README.md", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-             "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model"}
+             "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+             "processor_config.json", "preprocessor_config.json"}  # the last two: a vision model's processor
 OWN_DIRS = {BEST_DIR, TENSORBOARD_DIR, EVAL_DIR}
 
 

@@ -58,6 +58,9 @@ class Batch:
     shifted: bool = False
     # keyword arguments every attention layer gets, computed once per batch here (see `packed_attention_kwargs`)
     attn_kwargs: dict = field(default_factory=dict)
+    # a vision-language model's other forward inputs (pixel values, image grids, per-token modality ids;
+    # roctune.training.vision_batch); None for a text model's batch
+    inputs: dict | None = None
 
 
 def supervised_count(labels: list[int]) -> int:

@@ -110,9 +110,12 @@ def _frozen_head(model, head: Head | None):
 
 
 def _hidden(model, batch):
-    return _base(model).get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                      position_ids=batch.position_ids, use_cache=False,
-                                      **batch.attn_kwargs).last_hidden_state
+    """The final hidden state: the decoder's, or for a batch with images (Batch.inputs) the multimodal body's
+    (vision tower, projector and language model: roctune.vision.body)."""
+    base = _base(model)
+    body = base.get_decoder() if batch.inputs is None else base.model
+    return body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, **batch.attn_kwargs, **(batch.inputs or {})).last_hidden_state
 
 
 def _predicting(batch, x):
@@ -135,7 +138,8 @@ def supervised_logits(model, batch, head: Head | None):
         logits = head.apply(_base(model).get_output_embeddings()(_predicting(batch, _hidden(model, batch))[mask]))
     else:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False, **batch.attn_kwargs)
+                    position_ids=batch.position_ids, use_cache=False, **batch.attn_kwargs,
+                    **(batch.inputs or {}))
         logits = _predicting(batch, out.logits)[mask]
     return logits, targets[mask], mask
 

@@ -31,6 +31,7 @@ class Setup:
     tool_format: str | None = None  # how the chat template writes tool calls (answer_format), read by serve
     template: dict = field(default_factory=dict)  # {"name": a templates row or None (the model's own), "reason"}
     turn_tokens: dict = field(default_factory=dict)  # {token: id}: a row's markers, whose rows LoRA trains too
+    vision: object = None  # a vision-language model's roctune.data.image_tokens.ImageText (its processor)
 
 
 def choose(cfg, base_model: str) -> Setup:
@@ -50,6 +51,10 @@ def choose(cfg, base_model: str) -> Setup:
     # Sequence parallelism cuts rows into token slices, which a packed row's restarting positions would not survive.
     packed = cfg.packing == "on" or (cfg.packing == "auto" and attn.value == "flash_attention_2"
                                      and cfg.batch_size > 1 and cfg.sequence_parallel == 1)
+    from roctune.vision import vision_row
+
+    row = vision_row(base_model)
+    packed = packed and (row is None or row.packing)  # images in packed rows: proven per family (vision.check)
     ckpt = choose_checkpointing(cfg.grad_checkpointing, cfg.max_length, device.value, cfg.offload)
     return Setup(base_model, device.value, dtype.value, attn.value,
                  {"device": device.reason, "dtype": dtype.reason, "attn": attn.reason, "checkpointing": ckpt.reason},
@@ -85,7 +90,14 @@ def start(cfg, base_model: str, say) -> tuple[Setup, Context, object]:
     random.seed(cfg.seed)
     # a run that continues an adapter (dpo after sft) renders as that adapter was taught
     requested = cfg.template or (rundir.template_name(cfg.adapter) if cfg.adapter else None)
-    tokenizer = load_tokenizer(base_model, cfg.trust_remote_code, requested)
+    from roctune import vision
+
+    if vision.vision_row(base_model) is not None:  # its processor's tokenizer, which renders images too
+        setup.vision = vision.load_image_text(base_model, requested, cfg.image_max_pixels, cfg.image_min_pixels,
+                                              cfg.trust_remote_code)
+        tokenizer = setup.vision.tokenizer
+    else:
+        tokenizer = load_tokenizer(base_model, cfg.trust_remote_code, requested)
     shown = template_choice(tokenizer, RenderOptions.from_config(cfg))
     setup.template = {"name": shown["name"], "reason": shown["reason"]}
     setup.turn_tokens = turn_token_ids(tokenizer, shown["name"])
@@ -126,6 +138,15 @@ def tokenize_splits(tokenize, tokenizer, records, eval_records, cfg, say, noun: 
     if cfg.eval_ratio > 0 and not eval_items:
         train_items, eval_items = split_eval(train_items, cfg.eval_ratio, cfg.seed)
     return train_items, eval_items
+
+
+def say_images(items: list, say) -> None:
+    """One line on the images of tokenized examples (roctune.data.image_tokens): how many, and their tokens."""
+    counts = [b - a for e in items for a, b in getattr(e, "spans", ())]
+    if counts:
+        say(f"images: {len(counts)} in {sum(1 for e in items if e.spans)} examples, {min(counts)}-{max(counts)} "
+            f"tokens each ({sum(counts):,} image tokens of {sum(len(e.input_ids) for e in items):,}), all labelled "
+            "-100")
 
 
 def _tokenize(tokenize, tokenizer, records, specs: list[str], cfg, say, cache_with, what: str):
@@ -276,14 +297,15 @@ def finish(cfg, model, tokenizer, dist: Context, summary: dict, say) -> dict:
     return summary
 
 
-def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0) -> None:
+def warn_memory(cfg, base_model: str, setup: Setup, say, supervised_fraction: float = 1.0, images: int = 0) -> None:
     """Estimate memory before loading the model and warn when the run will not fit the GPU (or, for freeze and
     full on the CPU, the free RAM)."""
     try:
         from roctune.memory.plan import estimate_run
 
         est = estimate_run(base_model, cfg, device=setup.device, dtype=setup.dtype, attn=setup.attn,
-                           supervised_fraction=supervised_fraction, packed=setup.packed)
+                           supervised_fraction=supervised_fraction, packed=setup.packed, images=images,
+                           vision_model=base_model if setup.vision is not None else None)
         where, free = _memory_available(setup.device, cfg.method)
     except Exception:  # noqa: BLE001 - the estimate is a hint; an unknown architecture must not stop training
         return
