@@ -120,3 +120,16 @@ def data_url(img, fmt: str = "PNG") -> str:
     buf = io.BytesIO()
     img.save(buf, fmt)
     return f"data:image/{fmt.lower()};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+
+
+def probe_image(size: int = 64):
+    """A fixed test picture (four coloured quadrants) for the checks that compare two models on an image (merge,
+    export): deterministic, and not uniform, so every patch position sees different pixels."""
+    from PIL import Image
+
+    img = Image.new("RGB", (size, size))
+    h = size // 2
+    for (x, y), colour in zip(((0, 0), (h, 0), (0, h), (h, h)),
+                              ((220, 20, 60), (30, 144, 255), (255, 215, 0), (34, 139, 34))):
+        img.paste(colour, (x, y, x + h, y + h))
+    return img
