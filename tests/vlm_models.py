@@ -78,7 +78,7 @@ VISION_TARGETS = r".*(vision_model.*\.(q_proj|fc1)|connector\.modality_projectio
 BOTH_TARGETS = rf"({TEXT_TARGETS})|({VISION_TARGETS})"
 
 
-def test_image(kind: str = "quadrants", size: int = 64):
+def picture(kind: str = "quadrants", size: int = 64):
     """A deterministic RGB test picture: four coloured quadrants, or `noise`."""
     import numpy as np
     from PIL import Image
