@@ -89,3 +89,20 @@ def test_export_refusals_are_one_line_before_loading(vlm_lora_dir, tmp_path, cap
     err = capsys.readouterr().err
     assert "a vision-language model exports as --format gguf" in err and len(err.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_processor_that_does_not_split_pictures_is_refused(tiny_vlm_dir, tmp_path):
+    """llama.cpp always cuts a SmolVLM picture into tiles plus the whole picture; a model whose processor does not
+    would see pictures in llama.cpp unlike in training: refused by name before anything loads."""
+    import shutil
+
+    from roctune.errors import ConfigError
+    from roctune.export import mmproj
+
+    folder = shutil.copytree(tiny_vlm_dir, tmp_path / "nosplit")
+    path = folder / "processor_config.json"
+    doc = json.loads(path.read_text())
+    doc["image_processor"]["do_image_splitting"] = False
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="its processor does not cut pictures into tiles .do_image_splitting False"):
+        mmproj.check(str(folder))

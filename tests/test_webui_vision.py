@@ -4,6 +4,7 @@ picture shown in the history; a second message keeps the picture in the conversa
 a picture for a text-only model is refused in the status line."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -32,6 +33,7 @@ def test_chat_with_an_uploaded_picture_in_both_languages(server, browser, tmp_pa
     expect.set_options(timeout=60_000)
     page.goto(url, wait_until="domcontentloaded")
     try:
+        expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))  # the page is live
         page.locator("#rt-lang").get_by_text("中文").click()
         page.get_by_role("tab", name="对话").click()
         expect(page.locator("#rt-chat-image").get_by_text("图片（视觉语言模型）")).to_be_visible()

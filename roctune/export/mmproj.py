@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -40,6 +40,22 @@ def _idefics3_keys(w, cfg: dict, images: dict) -> None:
                                                                          cfg["vision_config"]["image_size"])))
 
 
+def _idefics3_refuse(cfg: dict, images: dict) -> str | None:
+    """llama.cpp cuts every picture for SmolVLM / Idefics3 into tiles plus the whole picture (at least one tile: its
+    grid is never 0 x 0), as transformers does only when the processor splits images and resizes them past one tile
+    (do_image_splitting, size.longest_edge above max_image_size.longest_edge). A processor that does not would have
+    been trained on the whole picture alone, and llama.cpp would show the model a layout it never saw."""
+    tile = (images.get("max_image_size") or {}).get("longest_edge", cfg["vision_config"]["image_size"])
+    longest = (images.get("size") or {}).get("longest_edge", tile)
+    if images.get("do_image_splitting", True) and longest > tile:
+        return None
+    return (f"its processor does not cut pictures into tiles (do_image_splitting {images.get('do_image_splitting')},"
+            f" longest edge {longest} for {tile}-pixel tiles), while llama.cpp's SmolVLM path always shows the model "
+            f"tiles and the whole picture: the GGUF would see pictures unlike training. Train on a model whose "
+            f"processor splits (do_image_splitting true, size.longest_edge a multiple of {tile} above it, as "
+            "SmolVLM's own), or use the merged model (roctune merge) with transformers")
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where a vision-language family keeps its parts and what llama.cpp's projector type needs."""
@@ -51,12 +67,12 @@ class Layout:
     placeholder: str                    # what the chat template writes for an image (llama.cpp's marker goes there)
     keys: Callable                      # (writer, config, image processor config): the projector type's keys
     f32: tuple[str, ...] = ()           # tensors kept f32 (by a part of their name), as llama.cpp's converter does
-    text_types: tuple[str, ...] = field(default=("llama",))  # language-model families llama.cpp pairs with it
+    refuse: Callable = lambda cfg, images: None  # why llama.cpp would see its pictures unlike training, or None
 
 
 LAYOUTS: tuple[Layout, ...] = (
     Layout(("idefics3", "smolvlm"), "idefics3", "model.text_model.", ("model.vision_model.", "model.connector."),
-           "<image>", _idefics3_keys, f32=(".embeddings.",)),
+           "<image>", _idefics3_keys, f32=(".embeddings.",), refuse=_idefics3_refuse),
 )
 BY_TYPE = {t: lay for lay in LAYOUTS for t in lay.model_types}
 
@@ -110,6 +126,9 @@ def check(model_dir: str, text_cfg_check: Callable[[dict], None] | None = None) 
     for key in ("image_mean", "image_std"):
         if not (isinstance(images.get(key), list) and len(images[key]) == 3):
             raise ConfigError(f"{model_dir}: the image processor's {key} must be three numbers")
+    why = lay.refuse(cfg, images)
+    if why:
+        raise ConfigError(f"{model_dir}: {why}")
     if text_cfg_check:
         text_cfg_check(text_config(cfg))
     return lay
