@@ -84,3 +84,22 @@ def test_an_image_to_a_text_only_model_is_a_400():
         parse_messages(_ask("data:image/png;base64,AAAA"), Budget(None, "SmolLM2-135M-Instruct"))
     assert e.value.status == 400 and e.value.code == "images_unsupported"
     assert "model 'SmolLM2-135M-Instruct' is text-only" in e.value.message
+
+
+def test_responses_take_input_image_parts(vlm_server):
+    """POST /v1/responses: an input_image part (a data URL) is the chat endpoint's image, under its rules."""
+    import openai
+
+    from roctune.data.image_input import data_url
+
+    client, _ = vlm_server
+    content = [{"type": "input_image", "image_url": data_url(picture())}, {"type": "input_text", "text": "What colour?"}]
+    answer = client.responses.create(model="tuned", input=[{"role": "user", "content": content}], max_output_tokens=6,
+                                     temperature=0)
+    chat = client.chat.completions.create(model="tuned", messages=_ask(data_url(picture())), max_tokens=6,
+                                          temperature=0)
+    assert answer.output_text.strip() == chat.choices[0].message.content.strip()
+    assert answer.usage.input_tokens == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="a URL of scheme https: - nothing is fetched"):
+        client.responses.create(model="tuned", input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": "https://example.com/a.png"}]}], max_output_tokens=2)

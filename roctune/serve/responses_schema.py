@@ -4,10 +4,12 @@ lengths, valid Unicode) and turned into what the chat endpoint's code takes: cha
 response_format of a chat request. Both endpoints thus render, constrain and parse an answer the same way.
 
 Input items: messages (role user, system, developer or assistant; content a string or input_text/output_text
-parts), function_call and function_call_output items, and reasoning items (their text goes back as the assistant
-turn's reasoning). Items may carry the bookkeeping fields a client echoes back from an earlier response (id,
-status, annotations): they change nothing and are dropped. Any other item, part or tool type (images, files, hosted
-tools) is refused with one line naming it. Which top-level fields may appear at all is fields.py's table."""
+parts, and in a user message input_image parts: a data URL, taken for a vision-language model by the chat
+endpoint's image rules, serve/images.py), function_call and function_call_output items, and reasoning items (their
+text goes back as the assistant turn's reasoning). Items may carry the bookkeeping fields a client echoes back from
+an earlier response (id, status, annotations): they change nothing and are dropped. Any other item, part or tool
+type (files, hosted tools) is refused with one line naming it. Which top-level fields may appear at all is
+fields.py's table."""
 
 import json
 from dataclasses import dataclass
@@ -83,7 +85,15 @@ class TextPart(_Item):
     text: Text
 
 
-Content = _by_kind({str: Text, list: list[TextPart]},
+class ImagePart(_Item):
+    type: Literal["input_image"]
+    image_url: StrictStr  # checked by the chat rules (serve/images.py): a data URL within the limits
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+Part = _by_type({"input_text": TextPart, "output_text": TextPart, "input_image": ImagePart},
+                "must be an input_text, output_text or input_image part")
+Content = _by_kind({str: Text, list: list[Part]},
                    "must be a string or a list of {\"type\": \"input_text\", \"text\": ...} parts")
 
 
@@ -239,7 +249,7 @@ class _Turns:
 
     def add(self, item) -> None:
         if isinstance(item, MessageItem) and item.role != "assistant":
-            self.other({"role": item.role, "content": _text(item.content)})
+            self.other({"role": item.role, "content": _parts(item.content)})
         elif isinstance(item, MessageItem):
             self.assistant("content")["content"] = _text(item.content)
         elif isinstance(item, FunctionCallItem):
@@ -256,7 +266,18 @@ class _Turns:
 
 
 def _text(content) -> str:
+    if isinstance(content, list) and any(isinstance(p, ImagePart) for p in content):
+        raise bad_field("input", "an input_image part is only taken in a user message")
     return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def _parts(content):
+    """A message's content in the chat shape: its text, or with images its parts (image_url parts, which the chat
+    endpoint's rules check: a data URL, the limits, a model that takes images)."""
+    if isinstance(content, str) or not any(isinstance(p, ImagePart) for p in content):
+        return _text(content)
+    return [{"type": "image_url", "image_url": {"url": p.image_url}} if isinstance(p, ImagePart)
+            else {"type": "text", "text": p.text} for p in content]
 
 
 def to_turns(items, earlier: list[dict]) -> list[dict]:
