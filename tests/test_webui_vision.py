@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from test_webui import _field, _pick, _shot, browser, server  # noqa: F401 - pytest fixtures
+from test_webui import _field, _pick, _shot, browser, open_page, server  # noqa: F401 - pytest fixtures
 from vlm_models import picture
 
 
@@ -28,10 +28,7 @@ def test_chat_with_an_uploaded_picture_in_both_languages(server, browser, tmp_pa
     shutil.copytree(tiny_vlm_dir, tmp_path / "models" / "tiny-vlm")
     shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
     picture().save(tmp_path / "squares.png")
-    page = browser.new_page(viewport={"width": 1280, "height": 1000})
-    page.set_default_timeout(60_000)
-    expect.set_options(timeout=60_000)
-    page.goto(url, wait_until="domcontentloaded")
+    page = open_page(browser, url, height=1000)
     try:
         expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))  # the page is live
         page.locator("#rt-lang").get_by_text("中文").click()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from roctune.data.answer_format import THINK_OPEN, AnswerParser
+from roctune.data.parts import has_images
 from roctune.serve.constrain import json_grammar, tool_call_grammar
 from roctune.serve.decode import GenRequest
 from roctune.serve.errors import bad_field, model_not_found
@@ -67,7 +68,11 @@ def chat_prompt(engine, adapter: str | None, model: str, messages: list[dict], o
         raise bad_field("tools", f"model {model!r}: its chat template writes tool calls in a format roctune "
                         "cannot parse; use a model whose template writes <tool_call> blocks, or one without tools "
                         "in its template (roctune's fallback format is then used)", code="tools_unsupported")
-    text, ids, pixels = engine.encode_chat_images(messages, opts.tools)
+    if has_images(messages):
+        text, ids, pixels = engine.encode_chat_images(messages, opts.tools)
+    else:
+        text, pixels = engine.render_chat(messages, opts.tools), None
+        ids = engine.tokenize(text)
     if not ids:
         raise bad_field(fields[0], "the prompt is empty")
     constraint = None

@@ -110,13 +110,10 @@ class Engine:
         return self.tokenize(self.render_chat(messages, tools))
 
     def encode_chat_images(self, messages: list[dict], tools: list[dict] | None = None):
-        """(prompt text, token ids, the processor's other inputs or None) of a chat whose user turns may hold
-        images: the template places each image, the processor expands it into its tokens and pixel values."""
-        from roctune.data.parts import has_images, take_images
+        """(prompt text, token ids, the processor's other inputs) of a chat whose user turns hold images: the
+        template places each image, the processor expands it into its tokens and pixel values."""
+        from roctune.data.parts import take_images
 
-        if not has_images(messages):
-            text = self.render_chat(messages, tools)
-            return text, self.tokenize(text), None
         shaped, images = take_images(messages)
         text = self.render_chat(shaped, tools)
         with self._tok_lock:

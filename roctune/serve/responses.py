@@ -160,7 +160,7 @@ async def create(request, body: dict):
     """Answer a checked-for-fields POST /v1/responses body, whole or streamed."""
     engine, settings, store = request.app.state.engine, request.app.state.settings, request.app.state.responses
     adapter = pick_adapter(body, engine)
-    images = settings.images if engine.processor is not None else None
+    images = settings.images if getattr(engine, "processor", None) is not None else None
     prep = await run_in_threadpool(prepare, body, engine, store, adapter, images)
     sampling = parse_sampling(body, settings, len(prep.prompt.ids), engine.context, engine.base_id, "input")
     stream, _ = parse_stream(body)

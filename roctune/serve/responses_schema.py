@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag,
-                      TypeAdapter, ValidationError)
+                      TypeAdapter, ValidationError, model_validator)
 
 from roctune.serve.errors import ApiError, bad_field
 from roctune.serve.schemas import MAX_TOOLS, TOOL_NAME, text_fault
@@ -81,19 +81,24 @@ class _Item(BaseModel):
 
 
 class TextPart(_Item):
-    type: Literal["input_text", "output_text"]
-    text: Text
+    """A content part: text (input_text, output_text), or in a user message a picture (input_image: a data URL,
+    checked by the chat endpoint's image rules, serve/images.py)."""
 
-
-class ImagePart(_Item):
-    type: Literal["input_image"]
-    image_url: StrictStr  # checked by the chat rules (serve/images.py): a data URL within the limits
+    type: Literal["input_text", "output_text", "input_image"]
+    text: Text | None = None
+    image_url: StrictStr | None = None
     detail: Literal["auto", "low", "high"] | None = None
 
+    @model_validator(mode="after")
+    def _filled(self):
+        if self.type == "input_image" and self.image_url is None:
+            raise ValueError("an input_image part needs an image_url (a data: URL)")
+        if self.type != "input_image" and self.text is None:
+            raise ValueError(f"an {self.type} part needs a text")
+        return self
 
-Part = _by_type({"input_text": TextPart, "output_text": TextPart, "input_image": ImagePart},
-                "must be an input_text, output_text or input_image part")
-Content = _by_kind({str: Text, list: list[Part]},
+
+Content = _by_kind({str: Text, list: list[TextPart]},
                    "must be a string or a list of {\"type\": \"input_text\", \"text\": ...} parts")
 
 
@@ -266,7 +271,7 @@ class _Turns:
 
 
 def _text(content) -> str:
-    if isinstance(content, list) and any(isinstance(p, ImagePart) for p in content):
+    if isinstance(content, list) and any(p.type == "input_image" for p in content):
         raise bad_field("input", "an input_image part is only taken in a user message")
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
@@ -274,9 +279,9 @@ def _text(content) -> str:
 def _parts(content):
     """A message's content in the chat shape: its text, or with images its parts (image_url parts, which the chat
     endpoint's rules check: a data URL, the limits, a model that takes images)."""
-    if isinstance(content, str) or not any(isinstance(p, ImagePart) for p in content):
+    if isinstance(content, str) or not any(p.type == "input_image" for p in content):
         return _text(content)
-    return [{"type": "image_url", "image_url": {"url": p.image_url}} if isinstance(p, ImagePart)
+    return [{"type": "image_url", "image_url": {"url": p.image_url}} if p.type == "input_image"
             else {"type": "text", "text": p.text} for p in content]
 
 
