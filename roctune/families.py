@@ -221,8 +221,3 @@ def vision_of(config: Any) -> Vision | None:
 
 def known_names() -> str:
     return ", ".join(f.name for f in FAMILIES)
-
-
-def has_vision(config: Any) -> bool:
-    """Whether a config (dict or transformers config) is a vision-language model's: it has a vision tower's config."""
-    return config_value(config, "vision_config") is not None

@@ -71,31 +71,24 @@ def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | N
 
 
 def is_vision_model(path: str) -> bool:
-    """Whether the model folder `path` is a vision-language model's (read from its config.json, nothing loaded)."""
-    from roctune.families import has_vision
-    from roctune.memory.configs import load_config
+    """Whether the model folder `path` is a vision-language model's: its config's family has a vision row
+    (roctune.vision.vision_row; read from config.json, nothing loaded)."""
+    from roctune.vision import vision_row
 
-    try:
-        return has_vision(load_config(path))
-    except Exception:  # noqa: BLE001 - an unreadable config is reported by the model load with its own message
-        return False
+    return vision_row(path) is not None
 
 
 def load_vision_model(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool, tokenizer=None):
-    """(model, processor) of a vision-language model folder; the processor renders with `tokenizer` (the one whose
-    chat template the run chose) when given."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    """(model, processor) of a vision-language model folder, loaded as training loads it (roctune.vision); the
+    processor renders with `tokenizer` (the one whose chat template the run chose) when given."""
+    from roctune import vision
 
-    from roctune.hardware import torch_dtype
-    from roctune.models import hf_progress_off, refused_remote_code
-
-    with hf_progress_off(), refused_remote_code(path):
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype(dtype), attn_implementation=attn,
-                                                            trust_remote_code=trust_remote_code)
-        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = vision.load_model(path, dtype, device, attn, trust_remote_code)
+    processor = vision.load_processor(path, vision.vision_row(path), trust_remote_code)
     if tokenizer is not None:
         processor.tokenizer = tokenizer
-    return model.to(device), processor
+    processor.tokenizer.roctune_content_parts = True  # its template takes content parts, as in training
+    return model, processor
 
 
 def base_of(adapter: str | None, model: str | None) -> str:

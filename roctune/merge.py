@@ -25,7 +25,7 @@ CHECK_PROMPTS = [
 def image_check_prompts() -> list[list[dict]]:
     """A vision model's check prompts: a question about a fixed picture (through the vision tower and projector,
     where vision-side LoRA acts), then the text ones."""
-    from roctune.data.image_input import probe_image
+    from roctune.data.images import probe_image
 
     picture = {"type": "image", "image": probe_image()}
     return [[{"role": "user", "content": [picture, {"type": "text", "text": "What is in this picture?"}]}],

@@ -1,7 +1,7 @@
 """`roctune export` of a vision-language run: the language model GGUF and llama.cpp's mmproj, read back and run.
 
 The run is a LoRA adapter on the tiny SmolVLM-layout model's language model, vision tower and connector
-(tests/vlm_models.py): the vision-side LoRA must reach the mmproj (llama.cpp's converter drops it: its issue 14867).
+(tests/vision_models.py): the vision-side LoRA must reach the mmproj (llama.cpp's converter drops it: its issue 14867).
 Checked three ways: llama.cpp itself loads both files and evaluates a conversation with a picture (the image-token
 layout, the image embeddings and the distributions after the image against the merged model), GGUF's reader reads
 every tensor back, and transformers computes with the mmproj's tensors loaded back when llama.cpp is absent."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from vlm_models import picture
+from vision_models import picture
 
 
 @pytest.fixture(scope="module")
 def vlm_server(tiny_vlm_dir, vlm_lora_dir):
     import openai
 
-    from roctune.data.image_input import ImageLimits
+    from roctune.data.images import ImageLimits
     from roctune.serve import ServerThread, Settings, build_engine, create_app
     from roctune.serve.images import ImageSettings
 
@@ -32,7 +32,7 @@ def _ask(url: str, text: str = "What colour?") -> list[dict]:
 
 
 def test_a_data_url_image_is_answered_as_generate_answers_it(vlm_server, vlm_lora_dir):
-    from roctune.data.image_input import data_url
+    from roctune.data.images import data_url
     from roctune.generate import generate, load_for_inference
 
     client, _ = vlm_server
@@ -55,15 +55,15 @@ def test_a_data_url_image_is_answered_as_generate_answers_it(vlm_server, vlm_lor
 @pytest.mark.parametrize("content, message", [
     ([{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}], "a URL of scheme http:"),
     ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}], "a URL of scheme file:"),
-    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "not an image roctune reads"),
-    ([{"type": "image_url", "image_url": {"url": "BIG"}}], "over the limit of 16,384 pixels"),
+    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "not an image (no format Pillow reads)"),
+    ([{"type": "image_url", "image_url": {"url": "BIG"}}], "more than roctune reads (16,384 pixels)"),
     ([{"type": "image_url", "image_url": {"url": "SMALL"}}] * 3, "more than 2 images (--max-images)"),
     ([{"type": "input_audio", "input_audio": {}}], "only text and image_url parts"),
 ])
 def test_images_the_server_does_not_take_are_a_400(vlm_server, content, message):
     import openai
 
-    from roctune.data.image_input import data_url
+    from roctune.data.images import data_url
 
     urls = {"BIG": data_url(picture(size=256)), "SMALL": data_url(picture(size=16))}
     for part in content:
@@ -90,7 +90,7 @@ def test_responses_take_input_image_parts(vlm_server):
     """POST /v1/responses: an input_image part (a data URL) is the chat endpoint's image, under its rules."""
     import openai
 
-    from roctune.data.image_input import data_url
+    from roctune.data.images import data_url
 
     client, _ = vlm_server
     content = [{"type": "input_image", "image_url": data_url(picture())}, {"type": "input_text", "text": "What colour?"}]

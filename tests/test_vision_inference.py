@@ -1,4 +1,4 @@
-"""Images at inference on a tiny SmolVLM-layout model (tests/vlm_models.py) with a LoRA adapter on its language
+"""Images at inference on a tiny SmolVLM-layout model (tests/vision_models.py) with a LoRA adapter on its language
 model, vision tower and connector: the border every image crosses (one line per refusal), `chat --image`, the
 merge (the merged folder loads in plain transformers with the adapter's logits) and the vLLM hand-off's refusal of
 vision-side LoRA. Serving images is in test_serve_images.py, the GGUF + mmproj export in test_mmproj.py."""
@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from vlm_models import picture
+from vision_models import picture
 
 
 def _png(width: int, height: int) -> bytes:
@@ -26,46 +26,42 @@ def _url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def _png_bytes(img) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, "PNG")
-    return buf.getvalue()
-
-
 @pytest.mark.parametrize("url, message", [
     ("http://example.com/cat.png", "a URL of scheme http: - nothing is fetched"),
     ("https://example.com/cat.png", "a URL of scheme https: - nothing is fetched"),
     ("file:///etc/passwd", "a URL of scheme file: - nothing is fetched"),
-    ("/etc/passwd", "not a URL - nothing is fetched"),
-    ("data:text/plain;base64,aGk=", "data URL of type text/plain"),
-    ("data:image/png,abc", "a data URL must be data:image/<type>;base64,<data>"),
-    ("data:image/png;base64,!!!!", "the data URL's base64 is not valid"),
-    (_url(_png(64, 64)), "the image is damaged or truncated"),
-    (_url(b"hello"), "not an image roctune reads"),
-    (_url(_png(60000, 60000)), "the image claims more than 40,000,000 pixels"),
-    (_url(_png(7000, 7000)), "the image is 7000 x 7000 pixels, over the limit of 40,000,000 pixels"),
-    (_url(b"\0" * (21 << 20)), "over the limit of 20 MiB"),
+    ("/etc/passwd", "not a data URL - nothing is fetched"),
+    ("data:text/plain;base64,aGk=", "a data URL must be data:image/TYPE;base64,DATA"),
+    ("data:image/png,abc", "a data URL must be data:image/TYPE;base64,DATA"),
+    ("data:image/png;base64,!!!!", "the data URL's base64 does not decode"),
+    (_url(_png(64, 64)), "not a readable image"),
+    (_url(b"hello"), "not an image (no format Pillow reads)"),
+    (_url(_png(60000, 60000)), "the image declares more pixels than roctune reads (16,777,216)"),
+    (_url(_png(7000, 7000)), "the image is 7000x7000 pixels, more than roctune reads (16,777,216 pixels)"),
+    (_url(b"\0" * (21 << 20)), "the data URL holds more than 20.0 MiB"),
 ])
-def test_image_border_refuses_in_one_line(url, message):
-    from roctune.data.image_input import open_data_url
+def test_a_servers_image_border_refuses_in_one_line(url, message):
+    """What a server takes (data/images.read_data_url, under serve's limits): only data URLs, checked before a
+    pixel is decoded."""
+    from roctune.data.images import ImageLimits, read_data_url
     from roctune.errors import DataError
 
     with pytest.raises(DataError) as e:
-        open_data_url(url, "messages[0].content[1].image_url.url")
+        read_data_url(url, "messages[0].content[1].image_url.url", ImageLimits(20 << 20, 4096 * 4096))
     assert str(e.value).startswith("messages[0].content[1].image_url.url: ") and message in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_image_border_gives_the_pixels_back():
-    from roctune.data.image_input import data_url, open_data_url
+    from roctune.data.images import data_url, load, read_data_url
 
     img = picture()
-    assert list(open_data_url(data_url(img), "x").getdata()) == list(img.getdata())
+    assert list(load(read_data_url(data_url(img), "x")).getdata()) == list(img.getdata())
 
 
 @pytest.mark.parametrize("flag_value, message", [
-    ("missing.png", "--image: missing.png: no such image file"),
-    ("notes.txt", "--image: notes.txt: not an image roctune reads"),
+    ("missing.png", "--image: image 'missing.png' not found"),
+    ("notes.txt", "notes.txt: not an image (no format Pillow reads)"),
 ])
 def test_chat_image_file_refused_before_loading(tmp_path, monkeypatch, capsys, vlm_lora_dir, flag_value, message):
     from roctune.cli import main
@@ -130,12 +126,12 @@ def test_merged_vlm_loads_in_plain_transformers_with_the_adapters_logits(tmp_pat
 
 
 def test_vllm_refuses_an_adapter_that_trained_the_vision_side(vlm_lora_dir, tiny_vlm_dir, tmp_path):
-    import vlm_models
+    import vision_models
     from roctune.errors import ConfigError
     from roctune.serve.vllm import check_adapter
 
     with pytest.raises(ConfigError, match=r"--adapter tuned: it trains the vision side \(model\.connector\.modality_"
                                           r"projection\.proj, .*vLLM applies LoRA to the language model only"):
         check_adapter("tuned", vlm_lora_dir, tiny_vlm_dir, "tiny", vision=True)
-    text_only = vlm_models.lora_adapter(tiny_vlm_dir, str(tmp_path / "text"), vlm_models.TEXT_TARGETS)
+    text_only = vision_models.lora_adapter(tiny_vlm_dir, str(tmp_path / "text"), vision_models.TEXT_TARGETS)
     assert check_adapter("tuned", text_only, tiny_vlm_dir, "tiny", vision=True).rank == 4

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from test_webui import _field, _pick, _shot, browser, open_page, server  # noqa: F401 - pytest fixtures
-from vlm_models import picture
+from vision_models import picture
 
 
 @pytest.mark.slow

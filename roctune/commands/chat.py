@@ -29,11 +29,11 @@ def _user_turn(text: str, images: list) -> dict:
 def run(args) -> int:
     from transformers import TextStreamer
 
-    from roctune.data.image_input import open_image_file
+    from roctune.data.images import open_image
     from roctune.generate import generate, load_for_inference, require_vision
 
     check_inference_args(args)
-    images = [open_image_file(path, "--image") for path in args.image]  # checked before the model loads
+    images = [open_image(path, "--image") for path in args.image]  # checked before the model loads
     if images:
         require_vision(args.adapter, args.model, "--image")
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
@@ -81,14 +81,14 @@ def run(args) -> int:
 
 def _attach(path: str, vision: bool, lineno: int) -> list:
     """/image PATH: the picture for the next message, or a line saying why not (the chat goes on)."""
-    from roctune.data.image_input import open_image_file
+    from roctune.data.images import open_image
     from roctune.errors import RoctuneError
 
     if not vision:
         print("(this model is text-only: it cannot take images)")
         return []
     try:
-        img = open_image_file(path, f"stdin line {lineno}: /image")
+        img = open_image(path, f"stdin line {lineno}: /image")
     except RoctuneError as e:
         print(f"({e})")
         return []

@@ -69,7 +69,7 @@ def run(args) -> int:
     from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
     from roctune.serve.adapters import adapters_base
     from roctune.hardware.network import is_loopback
-    from roctune.data.image_input import ImageLimits
+    from roctune.data.images import ImageLimits
     from roctune.serve.images import ImageSettings
     from roctune.serve.server import check_host, uvicorn_config
 

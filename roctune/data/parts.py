@@ -1,16 +1,15 @@
 """Messages whose content is a list of parts (text and images), as vision-language chat templates read them.
 
 A message's `content` is a string, or a list of parts: `{"type": "text", "text": ...}` and `{"type": "image",
-"image": <RGB PIL image>}` (an image already checked at the border, roctune.data.image_input). Vision models' chat
+"image": <RGB PIL image>}` (an image already checked at the border, roctune.data.images). Vision models' chat
 templates (SmolVLM's, Qwen2.5-VL's, Gemma 3's, LLaVA's) render an image part as the model's image placeholder, which
-the processor then expands into the image's tokens; SmolVLM's reads content only as parts (it iterates over it, so a
-plain string's text would be lost), which `reads_only_parts` finds out by rendering a probe.
+the processor then expands into the image's tokens. SmolVLM's reads content only as parts (it iterates over it, so a
+plain string's text would be lost): a vision model's tokenizer is marked to take string contents as parts
+(roctune.vision.load_image_text for training, generate.load_vision_model at inference; data/render.py converts).
 """
 from __future__ import annotations
 
 from roctune.errors import DataError
-
-PARTS_PROBE = "PARTS-PROBE"
 
 
 def has_images(messages: list[dict]) -> bool:
@@ -28,14 +27,6 @@ def text_of(content) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text", "") for p in content or [] if p.get("type") == "text")
-
-
-def as_parts(message: dict) -> dict:
-    """The message with its content as a list of parts (a string becomes one text part)."""
-    content = message.get("content")
-    if isinstance(content, list):
-        return message
-    return {**message, "content": [{"type": "text", "text": content or ""}]}
 
 
 def take_images(messages: list[dict]) -> tuple[list[dict], list]:
@@ -61,15 +52,8 @@ def fold_system_parts(system: dict, user: dict) -> dict:
     text = text_of(system["content"])
     if not text.strip():
         return user
-    return {**user, "content": [{"type": "text", "text": f"{text}\n\n"}] + as_parts(user)["content"]}
-
-
-def reads_only_parts(render) -> bool:
-    """Whether a chat template loses a string content's text (`render(messages)` renders with it): SmolVLM's."""
-    try:
-        return PARTS_PROBE not in render([{"role": "user", "content": PARTS_PROBE}])
-    except Exception:  # noqa: BLE001 - a template that fails on a string content reads parts
-        return True
+    content = user["content"] if isinstance(user["content"], list) else [{"type": "text", "text": user["content"]}]
+    return {**user, "content": [{"type": "text", "text": f"{text}\n\n"}] + content}
 
 
 def check_template_reads_images(messages: list[dict], template_text: str) -> None:

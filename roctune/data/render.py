@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_conversation, render_fallback_calls,
                                         tool_format_of)
-from roctune.data import parts as content_parts
+from roctune.data import parts as message_parts
 from roctune.data import templates
 from roctune.data.formats import parse_tool_calls
 from roctune.data.images import content_parts
@@ -155,7 +155,6 @@ class TemplateTraits:
     system_role: bool = True
     end_suffix: str = ""
     drops_reasoning: bool = False
-    parts: bool = False  # it reads content only as a list of parts (SmolVLM's): strings are given as one text part
 
 
 def template_traits(tokenizer) -> TemplateTraits:
@@ -163,14 +162,9 @@ def template_traits(tokenizer) -> TemplateTraits:
     cached = getattr(tokenizer, "_roctune_traits", None)
     if cached is not None and cached[0] == tpl:
         return cached[1]
-    parts = content_parts.reads_only_parts(lambda msgs: _render(tokenizer, msgs, True))
-    shaped = (lambda ms: [content_parts.as_parts(m) for m in ms]) if parts else (lambda ms: ms)  # noqa: E731
     user, answer = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}
-    if parts:
-        user, answer = content_parts.as_parts(user), content_parts.as_parts(answer)
     try:
-        system_role = "SYSTEM-PROBE" in _render(tokenizer, shaped([{"role": "system", "content": "SYSTEM-PROBE"},
-                                                                   user]), True)
+        system_role = "SYSTEM-PROBE" in _render(tokenizer, [{"role": "system", "content": "SYSTEM-PROBE"}, user], True)
     except Exception:  # noqa: BLE001 - jinja's raise_exception, or a template error: no system turns
         system_role = False
     end_suffix = ""
@@ -185,7 +179,7 @@ def template_traits(tokenizer) -> TemplateTraits:
                     break
     except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
         pass
-    traits = TemplateTraits(system_role, end_suffix, not parts and _drops_reasoning(tokenizer, tpl), parts)
+    traits = TemplateTraits(system_role, end_suffix, _drops_reasoning(tokenizer, tpl))
     try:
         tokenizer._roctune_traits = (tpl, traits)
     except AttributeError:
@@ -215,7 +209,7 @@ def _fold_system(messages: list[dict]) -> list[dict]:
     system, rest = messages[0]["content"], list(messages[1:])
     for i, m in enumerate(rest):
         if m["role"] == "user" and (isinstance(m["content"], list) or isinstance(system, list)):
-            rest[i] = content_parts.fold_system_parts(messages[0], m)
+            rest[i] = message_parts.fold_system_parts(messages[0], m)
             return rest
         if m["role"] == "user":
             rest[i] = {**m, "content": f"{system}\n\n{m['content']}" if system.strip() else m["content"]}
@@ -230,18 +224,21 @@ def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None =
     message where it has no system role)."""
     options = options or RenderOptions()
     tpl = _template_text(tokenizer)
-    content_parts.check_template_reads_images(messages, tpl)
+    message_parts.check_template_reads_images(messages, tpl)
     messages = [_normalise(m) for m in messages]
     messages = _reasoning(messages, "reasoning_content" in tpl, options)
     has_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     if has_tools and not template_supports_tools(tokenizer):
         messages, tools = _fallback_tools(messages, tools), None
-    traits = template_traits(tokenizer)
-    if messages and messages[0]["role"] == "system" and not traits.system_role:
+    if messages and messages[0]["role"] == "system" and not template_traits(tokenizer).system_role:
         messages = _fold_system(messages)
-    if traits.parts:
-        messages = [content_parts.as_parts(m) for m in messages]
     return messages, tools or None
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template applied as roctune renders every conversation (a vision model's tokenizer takes content
+    parts), for callers that render messages of their own (the Modelfile's probes)."""
+    return _render(tokenizer, messages, add_generation_prompt)
 
 
 def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:

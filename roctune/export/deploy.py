@@ -18,12 +18,9 @@ MARK = {"system": "SYSTEMMARKQ", "user": "USERMARKQ", "assistant": "ANSWERMARKQ"
 
 
 def _render(tok, msgs, gen: bool) -> str:
-    from roctune.data.parts import as_parts
-    from roctune.data.render import template_traits
+    from roctune.data.render import render_chat
 
-    if template_traits(tok).parts:  # a vision model's template that reads content as parts (SmolVLM's)
-        msgs = [as_parts(m) for m in msgs]
-    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+    return render_chat(tok, msgs, gen)  # a vision model's tokenizer takes content parts (data/render.py)
 
 
 def _special_tokens(tok) -> list[str]:

@@ -9,7 +9,7 @@ that follows it) must be within the language model's KL limit for its quant (ver
 tensors are read back by GGUF's reader, dequantized into a copy of the merged model, and the same comparison is
 made through transformers: a lost, misnamed or transposed tower tensor changes the image embeddings either way.
 
-The picture is a fixed one (image_input.probe_image), given to llama.cpp as raw pixels so no image decoder differs,
+The picture is a fixed one (images.probe_image), given to llama.cpp as raw pixels so no image decoder differs,
 and the conversations are the run's own when its data has pictures, else a question about it with an answer.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ N_CONVERSATIONS = 3
 def check_conversations(records: list[list[dict]] | None = None) -> list[list[dict]]:
     """Conversations with a picture: the run's (up to N_CONVERSATIONS), else a fixed question about the probe
     picture with an answer, so positions after the image are compared."""
-    from roctune.data.image_input import probe_image
+    from roctune.data.images import probe_image
     from roctune.data.parts import has_images
 
     mine = [c for c in records or [] if has_images(c)][:N_CONVERSATIONS]

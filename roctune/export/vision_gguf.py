@@ -43,6 +43,7 @@ def check(job: Job, log) -> None:
     from roctune.export import gguf_file, mmproj
 
     job.vision = mmproj.check(job.base)
+    job.tokenizer.roctune_content_parts = True  # its template takes content parts, as in training (data/render.py)
     job.pre = _check_text(job.base, job.tokenizer)
     merged_gguf._check_checker(job)
     job.file = f"{job.name}-{job.quant}.gguf"

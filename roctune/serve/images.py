@@ -1,5 +1,5 @@
 """Images in chat requests: OpenAI's `image_url` content parts, taken only as `data:` URLs and checked at the border
-(roctune.data.image_input: the encoded size before decoding, the format, the pixel count from the header before a
+(roctune.data.images: the encoded size before decoding, the format, the pixel count from the header before a
 pixel is decoded) into the content parts the renderer takes. The server fetches nothing: an http(s), file or any
 other URL is a 400 naming the part. A request's images are limited in number and in total pixels (--max-images,
 --max-image-pixels), so one request cannot hold the engine with pictures; an image sent to a text-only model is a
@@ -7,7 +7,7 @@ other URL is a 400 naming the part. A request's images are limited in number and
 
 from dataclasses import dataclass, field
 
-from roctune.data.image_input import ImageLimits
+from roctune.data.images import ImageLimits
 from roctune.serve.errors import bad_field
 
 DEFAULT_MAX_IMAGES = 8
@@ -38,7 +38,7 @@ def is_image_part(part) -> bool:
 def image_part(part: dict, where: str, budget: Budget) -> dict:
     """One image content part as the renderer's `{"type": "image", "image": <RGB image>}`; a 400 naming `where`
     for anything the server does not take."""
-    from roctune.data.image_input import open_data_url
+    from roctune.data.images import load, read_data_url
     from roctune.errors import DataError
 
     if budget.settings is None:
@@ -58,6 +58,6 @@ def image_part(part: dict, where: str, budget: Budget) -> dict:
         raise bad_field("messages", f"field '{where}': the request holds more than {budget.settings.max_images} "
                         "images (--max-images)", code="too_many_images")
     try:
-        return {"type": "image", "image": open_data_url(url, f"{where}.image_url.url", budget.settings.limits)}
+        return {"type": "image", "image": load(read_data_url(url, f"{where}.image_url.url", budget.settings.limits))}
     except DataError as e:
         raise bad_field("messages", f"field {e}", code="invalid_image") from None

@@ -3,7 +3,7 @@ generated (transformers' TextIteratorStreamer); a system prompt, temperature, to
 `roctune chat`. The last loaded model is kept between messages (`ModelCache`) and one generation runs at a time.
 
 A vision-language model also takes a picture with a message (`roctune chat --image`): the upload is checked at the
-border (roctune.data.image_input) and kept on the server, in the session's state, in the order of the history's
+border (roctune.data.images) and kept on the server, in the session's state, in the order of the history's
 picture messages; the history the browser sends back names files, but the pictures the model sees are only those
 the server checked and kept."""
 from __future__ import annotations
@@ -153,14 +153,14 @@ def _check_sampling(max_new, temp, top_p) -> dict:
 
 def _picture(path: str | None, loaded):
     """The uploaded picture, checked at the border, for a model that takes pictures; None without one."""
-    from roctune.data.image_input import open_image_file
+    from roctune.data.images import open_image
 
     if not path:
         return None
     if loaded.processor is None:
         raise RoctuneError(f"picture: {loaded.base_model} is a text-only model (no vision tower); remove the picture "
                            "or pick a vision-language model")
-    return open_image_file(path, "picture")
+    return open_image(path, "picture")
 
 
 def send_handler(ws, models: ModelCache):
