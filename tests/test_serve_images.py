@@ -17,7 +17,8 @@ def vlm_server(tiny_vlm_dir, vlm_lora_dir):
     from roctune.serve.images import ImageSettings
 
     engine = build_engine(tiny_vlm_dir, [("tuned", vlm_lora_dir)], device="cpu", dtype="fp32", max_batch=4)
-    settings = Settings(images=ImageSettings(max_images=2, limits=ImageLimits(max_pixels=128 * 128)))
+    limits = ImageLimits(max_bytes=20 << 20, max_pixels=128 * 128)
+    settings = Settings(images=ImageSettings(max_images=2, limits=limits))
     engine.start()
     try:
         with ServerThread(create_app(engine, settings)) as url:

@@ -129,9 +129,10 @@ def test_vllm_refuses_an_adapter_that_trained_the_vision_side(vlm_lora_dir, tiny
     import vision_models
     from roctune.errors import ConfigError
     from roctune.serve.vllm import check_adapter
+    from roctune.vision import vision_row
 
     with pytest.raises(ConfigError, match=r"--adapter tuned: it trains the vision side \(model\.connector\.modality_"
                                           r"projection\.proj, .*vLLM applies LoRA to the language model only"):
-        check_adapter("tuned", vlm_lora_dir, tiny_vlm_dir, "tiny", vision=True)
+        check_adapter("tuned", vlm_lora_dir, tiny_vlm_dir, "tiny", vision=vision_row(tiny_vlm_dir))
     text_only = vision_models.lora_adapter(tiny_vlm_dir, str(tmp_path / "text"), vision_models.TEXT_TARGETS)
-    assert check_adapter("tuned", text_only, tiny_vlm_dir, "tiny", vision=True).rank == 4
+    assert check_adapter("tuned", text_only, tiny_vlm_dir, "tiny", vision=vision_row(tiny_vlm_dir)).rank == 4

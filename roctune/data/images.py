@@ -50,11 +50,13 @@ _DATA_URL = re.compile(r"^data:(?P<mime>image/[\w.+-]+)?(?P<params>(;[\w=.+-]+)*
 class ImageLimits:
     """How large one image may be: its bytes (encoded) and its pixels (from the header, before decoding)."""
 
-    max_bytes: int = MAX_IMAGE_BYTES
-    max_pixels: int = MAX_IMAGE_PIXELS
+    max_bytes: int
+    max_pixels: int
 
 
-DEFAULT_LIMITS = ImageLimits()
+def default_limits() -> ImageLimits:
+    """MAX_IMAGE_BYTES and MAX_IMAGE_PIXELS, read when an image is checked."""
+    return ImageLimits(MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS)
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,10 @@ def _from_path(value: str, roots: list[str], where: str, limits: ImageLimits) ->
     return ImageRef(os.path.abspath(path), width, height, fmt, path=os.path.abspath(path))
 
 
-def read_image(value, roots: list[str], where: str, limits: ImageLimits = DEFAULT_LIMITS) -> ImageRef:
-    """One image named in the data (a path, a file:// or data: URL), checked; DataError naming `where` otherwise."""
+def read_image(value, roots: list[str], where: str, limits: ImageLimits | None = None) -> ImageRef:
+    """One image named in the data (a path, a file:// or data: URL), checked (within `limits`, by default
+    `default_limits()`); DataError naming `where` otherwise."""
+    limits = limits or default_limits()
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{where}: an image must be given as a path or a data: URL (a non-empty string), got "
                         f"{type(value).__name__}")
@@ -180,7 +184,7 @@ def read_image(value, roots: list[str], where: str, limits: ImageLimits = DEFAUL
     return _from_path(value, roots, where, limits)
 
 
-def read_data_url(url: str, where: str, limits: ImageLimits = DEFAULT_LIMITS) -> ImageRef:
+def read_data_url(url: str, where: str, limits: ImageLimits | None = None) -> ImageRef:
     """An image a client sent (a server request): only a `data:` URL is taken. A server that opened paths or
     fetched http(s) URLs would read its own disk or network for whoever sends a request, so every other form is
     refused and nothing is fetched."""
@@ -189,7 +193,7 @@ def read_data_url(url: str, where: str, limits: ImageLimits = DEFAULT_LIMITS) ->
         shown = f"a URL of scheme {scheme[1].lower()}:" if scheme else "not a data URL"
         raise DataError(f"{where}: {shown} - nothing is fetched; send the image itself as a data URL "
                         "(data:image/png;base64,...)")
-    return _from_data_url(url.strip(), where, limits)
+    return _from_data_url(url.strip(), where, limits or default_limits())
 
 
 def read_images(values, roots: list[str], where: str, key: str = "images") -> list[ImageRef]:
@@ -280,7 +284,7 @@ def load(ref: ImageRef, max_pixels: int = DEFAULT_MAX_PIXELS, min_pixels: int = 
     return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
 
 
-def open_image(value: str, where: str, limits: ImageLimits = DEFAULT_LIMITS):
+def open_image(value: str, where: str, limits: ImageLimits | None = None):
     """A picture given at inference (`chat --image PATH`, a web upload's file), relative to the current folder,
     checked (`read_image`) and loaded as training loads one (`load`)."""
     return load(read_image(value, [os.getcwd()], where, limits))

@@ -7,7 +7,7 @@ other URL is a 400 naming the part. A request's images are limited in number and
 
 from dataclasses import dataclass, field
 
-from roctune.data.images import ImageLimits
+from roctune.data.images import MAX_IMAGE_BYTES, ImageLimits
 from roctune.serve.errors import bad_field
 
 DEFAULT_MAX_IMAGES = 8
@@ -19,7 +19,7 @@ class ImageSettings:
     """How many images a request may hold and how large each may be (--max-images, --max-image-pixels)."""
 
     max_images: int = DEFAULT_MAX_IMAGES
-    limits: ImageLimits = field(default_factory=lambda: ImageLimits(max_pixels=DEFAULT_MAX_PIXELS))
+    limits: ImageLimits = field(default_factory=lambda: ImageLimits(MAX_IMAGE_BYTES, DEFAULT_MAX_PIXELS))
 
 
 @dataclass
