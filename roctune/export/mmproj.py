@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from roctune.errors import ConfigError, RoctuneError
+from roctune.families import BY_MODEL_TYPE
 
 TEXT_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
               "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
@@ -58,21 +59,31 @@ def _idefics3_refuse(cfg: dict, images: dict) -> str | None:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a vision-language family keeps its parts and what llama.cpp's projector type needs."""
+    """What llama.cpp's projector type needs of a vision-language family; where the family keeps its parts is its
+    vision row's (roctune.families.Vision)."""
 
     model_types: tuple[str, ...]
     projector: str                      # llama.cpp's clip.projector_type
-    text_prefix: str                    # the language model's weights (its "model." inside the merged folder)
-    tower: tuple[str, ...]              # prefixes of the weights that go into the mmproj (vision tower, projector)
     placeholder: str                    # what the chat template writes for an image (llama.cpp's marker goes there)
     keys: Callable                      # (writer, config, image processor config): the projector type's keys
     f32: tuple[str, ...] = ()           # tensors kept f32 (by a part of their name), as llama.cpp's converter does
     refuse: Callable = lambda cfg, images: None  # why llama.cpp would see its pictures unlike training, or None
 
+    @property
+    def text_prefix(self) -> str:
+        """The language model's weights (its "model." inside the merged folder)."""
+        return BY_MODEL_TYPE[self.model_types[0]].vision.language_model + "."
+
+    @property
+    def tower(self) -> tuple[str, ...]:
+        """Prefixes of the weights that go into the mmproj: the vision tower's and the projector's."""
+        row = BY_MODEL_TYPE[self.model_types[0]].vision
+        return tuple(p + "." for p in (*row.tower, *row.projector))
+
 
 LAYOUTS: tuple[Layout, ...] = (
-    Layout(("idefics3", "smolvlm"), "idefics3", "model.text_model.", ("model.vision_model.", "model.connector."),
-           "<image>", _idefics3_keys, f32=(".embeddings.",), refuse=_idefics3_refuse),
+    Layout(("idefics3", "smolvlm"), "idefics3", "<image>", _idefics3_keys, f32=(".embeddings.",),
+           refuse=_idefics3_refuse),
 )
 BY_TYPE = {t: lay for lay in LAYOUTS for t in lay.model_types}
 
