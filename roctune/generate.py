@@ -1,7 +1,13 @@
 """Generation shared by chat, generate, merge checks, serve and the web UI. Prompts are rendered by
-`roctune.data.render.render_prompt`, the same function training uses to build its examples."""
+`roctune.data.render.render_prompt`, the same function training uses to build its examples.
+
+A vision-language model (its config has a vision tower) loads with transformers' AutoModelForImageTextToText and its
+AutoProcessor; a conversation's images are content parts (roctune.data.parts), rendered by the chat template as the
+model's image placeholder and expanded into the image's tokens by the processor, with the pixel values beside the
+token ids."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from roctune import rundir
@@ -16,6 +22,7 @@ class Loaded:
     base_model: str
     adapter: str | None
     device: str
+    processor: object = None  # a vision model's processor (images to pixel values and image tokens); None: text only
 
 
 def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | None = None, device: str = "auto",
@@ -48,15 +55,78 @@ def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | N
     if attn == "flash_attention_2":
         attn = "sdpa"  # generation with padding-left batches: sdpa is the safe kernel everywhere
     tokenizer = load_tokenizer(run.tokenizer_source(base) if run else base, trust_remote_code, template)
-    if run is None:
+    processor = None
+    if is_vision_model(base):
+        m, processor = load_vision_model(base, dt, dev, attn, trust_remote_code, tokenizer)
+    elif run is None:
         m = load_model(base, dt, dev, attn, trust_remote_code)
     else:
+        m = load_trained_base(run.method, base, dt, dev, attn, trust_remote_code, run.rope_scaling)
+    if run is not None:
         from roctune.models import load_adapter
 
-        m = load_adapter(load_trained_base(run.method, base, dt, dev, attn, trust_remote_code, run.rope_scaling),
-                         run.path)
+        m = load_adapter(m, run.path)
     m.eval()
-    return Loaded(m, tokenizer, base, run.path if run else None, dev)
+    return Loaded(m, tokenizer, base, run.path if run else None, dev, processor)
+
+
+def is_vision_model(path: str) -> bool:
+    """Whether the model folder `path` is a vision-language model's: its config's family has a vision row
+    (roctune.vision.vision_row; read from config.json, nothing loaded)."""
+    from roctune.vision import vision_row
+
+    return vision_row(path) is not None
+
+
+def load_vision_model(path: str, dtype: str, device: str, attn: str, trust_remote_code: bool, tokenizer=None):
+    """(model, processor) of a vision-language model folder, loaded as training loads it (roctune.vision); the
+    processor renders with `tokenizer` (the one whose chat template the run chose) when given."""
+    from roctune import vision
+
+    model = vision.load_model(path, dtype, device, attn, trust_remote_code)
+    processor = vision.load_processor(path, vision.vision_row(path), trust_remote_code)
+    if tokenizer is not None:
+        processor.tokenizer = tokenizer
+    processor.tokenizer.roctune_content_parts = True  # its template takes content parts, as in training
+    return model, processor
+
+
+def base_of(adapter: str | None, model: str | None) -> str:
+    """The base model folder a command will load (the adapter's run.yaml unless `model` is given), resolved
+    without loading anything."""
+    from roctune.models import resolve_model
+
+    if model is None and adapter:
+        run = rundir.open(adapter)
+        model = run.path if run.whole_model else run.base_model
+    return resolve_model(model)
+
+
+def require_vision(adapter: str | None, model: str | None, what: str) -> None:
+    """Refuse `what` (an image, named by its flag or field) for a model without a vision tower, before any load."""
+    base = base_of(adapter, model)
+    if not is_vision_model(base):
+        raise RoctuneError(f"{what}: {os.path.basename(base.rstrip(os.sep)) or base} is a text-only model (no vision "
+                           "tower in its config.json); give a vision-language model or drop the image")
+
+
+def model_inputs(loaded: Loaded, messages_list: list[list[dict]]):
+    """The tensors for a batch of conversations (left-padded): token ids and mask, and for a vision model the
+    pixel values of their images (in the order the template places them). The prompt text comes from
+    `render_prompt`, as in training."""
+    from roctune.data.parts import has_images, take_images
+
+    tok = loaded.tokenizer
+    shaped = [take_images(msgs) for msgs in messages_list]
+    prompts = [render_prompt(tok, msgs) for msgs, _ in shaped]
+    tok.padding_side = "left"
+    if loaded.processor is None or not any(has_images(m) for m in messages_list):
+        if any(has_images(m) for m in messages_list):
+            raise RoctuneError("an image was given to a text-only model; give a vision-language model")
+        return tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(loaded.device)
+    images = [imgs for _, imgs in shaped]
+    enc = loaded.processor(text=prompts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.to(loaded.device)
 
 
 def _sampling_kwargs(temperature: float, top_p: float) -> dict:
@@ -73,12 +143,14 @@ def generate(loaded: Loaded, messages_list: list[list[dict]], max_new_tokens: in
 
     import torch
 
+    from roctune.data.parts import has_images
     from roctune.models import stop_token_ids
 
+    if len(messages_list) > 1 and any(has_images(m) for m in messages_list):  # one at a time: images vary in size
+        return [a for msgs in messages_list for a in generate(loaded, [msgs], max_new_tokens, temperature, top_p,
+                                                              use_adapter, streamer)]
     tok = loaded.tokenizer
-    prompts = [render_prompt(tok, msgs) for msgs in messages_list]
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(loaded.device)
+    enc = model_inputs(loaded, messages_list)
     ctx = contextlib.nullcontext()
     if not use_adapter and hasattr(loaded.model, "disable_adapter"):
         ctx = loaded.model.disable_adapter()

@@ -1,6 +1,8 @@
 """Merge a LoRA adapter into its base model and save a plain transformers model (no PEFT needed to load it).
 Before saving, the merged model's logits are compared with the adapter model's on a few prompts; a
-difference above the tolerance stops the merge."""
+difference above the tolerance stops the merge. A vision-language model's adapter (LoRA on the language model, and on
+the vision tower or projector when they were trained) merges the same way, is checked on prompts with a picture too,
+and is saved with its processor: the folder loads with AutoModelForImageTextToText and AutoProcessor."""
 from __future__ import annotations
 
 import json
@@ -18,6 +20,16 @@ CHECK_PROMPTS = [
     [{"role": "user", "content": "你是谁？"}],
     [{"role": "user", "content": "Write one sentence about the sea."}],
 ]
+
+
+def image_check_prompts() -> list[list[dict]]:
+    """A vision model's check prompts: a question about a fixed picture (through the vision tower and projector,
+    where vision-side LoRA acts), then the text ones."""
+    from roctune.data.images import probe_image
+
+    picture = {"type": "image", "image": probe_image()}
+    return [[{"role": "user", "content": [picture, {"type": "text", "text": "What is in this picture?"}]}],
+            *CHECK_PROMPTS]
 
 
 def check_output(adapter: str, output: str, overwrite: bool, marker: str = MARKER,
@@ -54,10 +66,12 @@ def merge(adapter: "str | rundir.Run", output: str, dtype: str = "fp32", overwri
     rundir.refuse_scorer(run, command="merge")
     adapter = run.path
     check_output(adapter, output, overwrite)
+    processor = None  # a vision model's: saved beside the merged weights
     if run.whole_model:
         raise RoctuneError(f"--adapter {adapter}: this {run.method.name} run saved a whole model, not an adapter; "
                            "there is nothing to merge (load the directory itself with from_pretrained)")
     if run.method.quantized:
+        _refuse_vision_qlora(run)
         run.checked()  # the adapter and its weights, before anything loads
         # trained on 4-bit weights: merge into those weights dequantized to `dtype`, never into 4-bit ones,
         # and check against the model as trained (4-bit base + adapter)
@@ -71,9 +85,12 @@ def merge(adapter: "str | rundir.Run", output: str, dtype: str = "fp32", overwri
             "merge")
         merged, before, after = dequantized_merge(run, base, dtype, enc, trust, log)
     else:
+        from roctune.generate import model_inputs
+
         loaded = load_for_inference(run, device="cpu", dtype=dtype)
-        model, tok = loaded.model, loaded.tokenizer
-        enc = [tok(render_prompt(tok, p), return_tensors="pt", add_special_tokens=False) for p in CHECK_PROMPTS]
+        model, tok, processor = loaded.model, loaded.tokenizer, loaded.processor
+        prompts = image_check_prompts() if processor is not None else CHECK_PROMPTS
+        enc = [model_inputs(loaded, [p]) for p in prompts]
         with torch.no_grad():
             before = [model(**e).logits.float() for e in enc]
             merged = merge_and_unload(model, log)
@@ -88,13 +105,23 @@ def merge(adapter: "str | rundir.Run", output: str, dtype: str = "fp32", overwri
 
         with hf_progress_off():
             merged.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        (processor or tok).save_pretrained(tmp)  # a processor saves its tokenizer and chat template too
         with open(os.path.join(tmp, MARKER), "w", encoding="utf-8") as f:
             json.dump({"adapter": os.path.abspath(adapter), "dtype": dtype, "max_logit_diff": max_diff}, f)
 
     rundir.write_dir_atomically(output, fill)
-    log(f"merged model saved to {output} (loads with AutoModelForCausalLM.from_pretrained)")
+    auto = "AutoModelForImageTextToText and AutoProcessor" if processor is not None else "AutoModelForCausalLM"
+    log(f"merged model saved to {output} (loads with {auto}.from_pretrained)")
     return {"max_logit_diff": max_diff, "output": output}
+
+
+def _refuse_vision_qlora(run: rundir.Run) -> None:
+    from roctune.generate import is_vision_model
+    from roctune.models import resolve_model
+
+    if is_vision_model(resolve_model(run.base_model)):
+        raise ConfigError(f"--adapter {run.path}: merging a {run.method.name} adapter of a vision-language model is "
+                          "not supported yet; train it with --method lora to merge and export it")
 
 
 def merge_and_unload(model, log):

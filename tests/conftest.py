@@ -267,3 +267,20 @@ def family_dir(tmp_path_factory, default_model_dir):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory, default_model_dir) -> str:
+    """The tiny Idefics3 (SmolVLM-layout) model with its processor (tests/vision_models.py)."""
+    import vision_models
+
+    return vision_models.build("idefics3", str(tmp_path_factory.mktemp("tiny-vlm")), default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def vlm_lora_dir(tmp_path_factory, tiny_vlm_dir) -> str:
+    """A LoRA adapter on the tiny VLM's language model, vision tower and connector (random, non-zero)."""
+    import vision_models
+
+    return vision_models.lora_adapter(tiny_vlm_dir, str(tmp_path_factory.mktemp("vlm-lora")),
+                                      vision_models.BOTH_TARGETS)

@@ -273,6 +273,18 @@ def browser():
             b.close()
 
 
+def open_page(browser, url: str, height: int = 900):
+    """A page of the app at `url` in a 1280-wide window, waiting up to 60 s for anything (the machine may be busy:
+    the default 5 s is too short)."""
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1280, "height": height})
+    page.set_default_timeout(60_000)
+    expect.set_options(timeout=60_000)
+    page.goto(url, wait_until="domcontentloaded")
+    return page
+
+
 def _field(page, elem_id: str):
     return page.locator(f"#{elem_id} input, #{elem_id} textarea").first
 

@@ -52,7 +52,7 @@ def test_send_streams_steps_with_the_system_prompt(tmp_path, tiny_model_dir, mon
                                                                                                      kw, use))
     steps = list(_handler(tmp_path, tiny_model_dir)("hi", "", "", "tiny", False, 6, 0, 1.0, "You are Roc.", [], []))
     assert len(steps) >= 2  # at least one partial answer, then the final step
-    msg, ft, base, status = steps[-1]
+    msg, ft, base, status = steps[-1][:4]
     assert msg == "" and base == [] and "answered in" in status
     assert [m["role"] for m in ft] == ["user", "assistant"]
     assert seen == [[{"role": "system", "content": "You are Roc."}, {"role": "user", "content": "hi"}]]

@@ -12,7 +12,7 @@ import pytest
 
 from roctune.webui import hub_panel
 from test_models_hub import REPO_ID, WEIGHTS, Hub, tiny_repo  # noqa: F401 - tiny_repo is a fixture used below
-from test_webui import _field, browser, server  # noqa: F401 - fixtures used below
+from test_webui import _field, browser, open_page, server  # noqa: F401 - fixtures used below
 
 
 @pytest.fixture
@@ -32,10 +32,7 @@ def test_models_panel_downloads_a_model_that_becomes_the_train_model(hub, server
     from playwright.sync_api import expect
 
     url, _app = server
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(60_000)
-    expect.set_options(timeout=60_000)
-    page.goto(url, wait_until="domcontentloaded")
+    page = open_page(browser, url)
     try:
         expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(OK|WARN|FAIL)$"))  # the page has loaded
         page.locator("#rt-lang").get_by_text("中文").click()

@@ -1,5 +1,6 @@
 """Tiny random vision-language models of every VLM family in roctune's table (roctune.families rows with a vision
-tower), for the VLM matrix test (tests/test_vision.py).
+tower), for the VLM matrix test (tests/test_vision.py), and LoRA adapters on them made with peft directly, for the
+inference, merge and export tests (tests/test_vision_inference.py, test_mmproj.py, test_serve_images.py).
 
 Each is its family's real layout scaled down (2 text layers of hidden 64, a 2-layer vision tower of hidden 32, a
 few tokens per image), saved as a standard transformers folder: config, weights, and a processor made of the
@@ -9,6 +10,9 @@ added (as `extra_special_tokens`, so the processor finds them by name) and a cha
 images are placed).
 """
 from __future__ import annotations
+
+import json
+import os
 
 # --------------------------------------------------------------------------------------------- chat templates
 # A part list or a plain string per message, as the real templates take them.
@@ -163,3 +167,50 @@ def build(family: str, folder: str, base_dir: str, seed: int = 0) -> str:
                  chat_template=spec["template"], **proc_kwargs)
     processor_class(proc_cls)(**parts).save_pretrained(folder)
     return folder
+
+
+# --------------------------------------------------------------------------------- adapters and pictures
+# For the inference, merge and export tests of VLMs (test_vision_inference, test_mmproj, test_serve_images,
+# test_webui_vision), on the idefics3 model (SmolVLM's layout: its processor cuts a 64-pixel picture into a 2 x 2
+# grid of 32-pixel tiles and the whole picture, 20 image tokens, as llama.cpp's Idefics3 preprocessing does).
+def lora_adapter(base: str, out: str, targets: list[str], seed: int = 1, scale: float = 0.3) -> str:
+    """A LoRA adapter on `base` for the modules `targets` (regular expression or names, as peft takes them) with
+    random A and B (a trained adapter's B is not zero: the merge must change something), saved as a PEFT folder
+    whose adapter_config.json names `base`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(base)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    peft.save_pretrained(out)
+    with open(os.path.join(out, "adapter_config.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    doc["base_model_name_or_path"] = base
+    with open(os.path.join(out, "adapter_config.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    return out
+
+
+# LoRA on the language model's attention and on the vision tower's and the connector's: the vision side is what
+# llama.cpp's converter cannot take from an adapter (llama.cpp issue 14867), so the export merges it into the mmproj.
+TEXT_TARGETS = r".*text_model.*\.(q_proj|v_proj)"
+VISION_TARGETS = r".*(vision_model.*\.(q_proj|fc1)|connector\.modality_projection\.proj)"
+BOTH_TARGETS = rf"({TEXT_TARGETS})|({VISION_TARGETS})"
+
+
+def picture(kind: str = "quadrants", size: int = 64):
+    """A deterministic RGB test picture: roctune's probe picture (four coloured quadrants), or `noise`."""
+    import numpy as np
+    from PIL import Image
+
+    from roctune.data.images import probe_image
+
+    if kind == "noise":
+        return Image.fromarray(np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8))
+    return probe_image(size)

@@ -1,5 +1,7 @@
 """`roctune chat`: talk to a fine-tuned model in the terminal, answers streamed as they are generated.
-`--compare` answers each message with the base model too. Commands: /reset clears the history, /quit exits.
+`--compare` answers each message with the base model too. `--image PATH` (a vision-language model) shows the model a
+picture with the first message. Commands: /image PATH attaches a picture to the next message, /reset clears the
+history, /quit exits.
 With --tools FILE.py / --environment FILE.py:Class the model is an agent: its tool calls run (in a tool process of
 their own, with --tool-timeout and --tool-memory-mb) and their results come back to it, turn by turn, as in GRPO's
 episodes (--max-new-tokens then bounds a whole answer, calls and results included)."""
@@ -11,18 +13,20 @@ from roctune import config
 from roctune.commands.generate import add_inference_args, check_inference_args
 from roctune.config.agents import TOOL_SETTINGS
 from roctune.data.formats import check_text
-from roctune.errors import DataError
+from roctune.errors import ConfigError, DataError
 
 
 def register(sub) -> None:
     p = sub.add_parser("chat", help="interactive chat with a fine-tuned adapter", description=__doc__)
     add_inference_args(p)
     config.add_flags(p, TOOL_SETTINGS)
+    p.add_argument("--image", metavar="PATH", action="append", default=[],
+                   help="a picture shown with the first message (a vision-language model; repeat for several)")
     p.set_defaults(func=run)
 
 
 def _messages(args, lineno: int = 0):
-    """The user's messages from stdin, checked (yields the text; /quit and EOF end it)."""
+    """The user's messages from stdin, checked: (line number, text); /quit and EOF end them."""
     interactive = sys.stdin.isatty()
     while True:
         lineno += 1
@@ -37,9 +41,9 @@ def _messages(args, lineno: int = 0):
             continue
         if text in ("/quit", "/exit"):
             return
-        if not interactive and text != "/reset":
+        if not interactive and text != "/reset" and not text.startswith("/image"):
             print(f"you> {text}")
-        yield text
+        yield lineno, text
 
 
 def run_agent(args, loaded) -> int:
@@ -56,7 +60,7 @@ def run_agent(args, loaded) -> int:
     sides = [("base", 1, False)] if args.compare else []
     sides.append(("fine-tuned" if args.compare else "assistant", 0, True))
     try:
-        for text in _messages(args):
+        for _, text in _messages(args):
             if text == "/reset":
                 history = history[:1] if args.system else []
                 conv.restart()
@@ -79,15 +83,28 @@ def run_agent(args, loaded) -> int:
     return 0
 
 
+def _user_turn(text: str, images: list) -> dict:
+    if not images:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [{"type": "image", "image": i} for i in images] + [{"type": "text",
+                                                                                         "text": text}]}
+
+
 def run(args) -> int:
     from transformers import TextStreamer
 
-    from roctune.generate import generate, load_for_inference
+    from roctune.data.images import open_image
+    from roctune.generate import generate, load_for_inference, require_vision
 
     check_inference_args(args)
+    images = [open_image(path, "--image") for path in args.image]  # checked before the model loads
+    if images:
+        require_vision(args.adapter, args.model, "--image")
     if getattr(args, "tools", None) or getattr(args, "environment", None):
         from roctune.agents.files import catalog_of, spec_of
 
+        if images:
+            raise ConfigError("--image: an agent chat (--tools, --environment) takes text only; drop one of them")
         cfg = config.from_sources(flags={n: getattr(args, n) for n in TOOL_SETTINGS if hasattr(args, n)})
         catalog_of(spec_of(cfg))  # the files import and define tools, before the model loads
         loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
@@ -95,13 +112,19 @@ def run(args) -> int:
     loaded = load_for_inference(args.adapter, args.model, args.device, args.dtype, args.trust_remote_code)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
-    print("roctune chat: type a message; /reset clears the history, /quit exits.")
-    for text in _messages(args):
+    vision = loaded.processor is not None
+    print("roctune chat: type a message; " + ("/image PATH attaches a picture, " if vision else "")
+          + "/reset clears the history, /quit exits.")
+    for lineno, text in _messages(args):
         if text == "/reset":
             history = history[:1] if args.system else []
             print("(history cleared)")
             continue
-        history.append({"role": "user", "content": text})
+        if text.startswith("/image"):
+            images += _attach(text[len("/image"):].strip(), vision, lineno)
+            continue
+        history.append(_user_turn(text, images))
+        images = []
         if args.compare:
             print("base> ", end="", flush=True)
             generate(loaded, [history], use_adapter=False,
@@ -111,3 +134,20 @@ def run(args) -> int:
                                                                    skip_special_tokens=True), **kw)[0]
         history.append({"role": "assistant", "content": answer})
     return 0
+
+
+def _attach(path: str, vision: bool, lineno: int) -> list:
+    """/image PATH: the picture for the next message, or a line saying why not (the chat goes on)."""
+    from roctune.data.images import open_image
+    from roctune.errors import RoctuneError
+
+    if not vision:
+        print("(this model is text-only: it cannot take images)")
+        return []
+    try:
+        img = open_image(path, f"stdin line {lineno}: /image")
+    except RoctuneError as e:
+        print(f"({e})")
+        return []
+    print(f"(image attached to the next message: {img.size[0]} x {img.size[1]})")
+    return [img]

@@ -14,11 +14,12 @@ import sys
 from roctune.config import check_number
 from roctune.errors import ConfigError, RoctuneError
 from roctune.hardware.choices import DEVICES, DTYPES
+from roctune.serve.images import DEFAULT_MAX_IMAGES, DEFAULT_MAX_PIXELS
 
 
 # roctune's own engine's settings, which vLLM has no counterpart for: set with --engine vllm, they are refused.
 ROCTUNE_ENGINE_ONLY = ("adapter_root", "batch_wait_ms", "max_tokens_limit", "max_body_bytes", "max_stored_responses",
-                       "threads")
+                       "threads", "max_images", "max_image_pixels")
 
 
 def register(sub) -> None:
@@ -41,7 +42,12 @@ def register(sub) -> None:
                    help="how long a batch waits for more requests before it starts (default 5)")
     p.add_argument("--max-tokens-limit", type=int, default=1024,
                    help="largest max_tokens a request may ask for (default 1024; larger: HTTP 422)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body (default 1 MiB; images come inside it, as data URLs)")
+    p.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES,
+                   help=f"images one chat request may hold, for a vision-language model (default {DEFAULT_MAX_IMAGES})")
+    p.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help=f"pixels one image may have, read from its header before decoding (default {DEFAULT_MAX_PIXELS:,})")
     p.add_argument("--max-stored-responses", type=int, default=256,
                    help="POST /v1/responses: answers kept in memory for previous_response_id (default 256; the "
                    "least recently used go first)")
@@ -63,13 +69,16 @@ def run(args) -> int:
     from roctune.serve import Settings, bind_socket, build_engine, create_app, parse_adapter_specs
     from roctune.serve.adapters import adapters_base
     from roctune.hardware.network import is_loopback
+    from roctune.data.images import ImageLimits
+    from roctune.serve.images import ImageSettings
     from roctune.serve.server import check_host, uvicorn_config
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: expected 0-65535")
     for flag, value in (("--max-batch", args.max_batch), ("--max-tokens-limit", args.max_tokens_limit),
                         ("--max-body-bytes", args.max_body_bytes),
-                        ("--max-stored-responses", args.max_stored_responses)):
+                        ("--max-stored-responses", args.max_stored_responses), ("--max-images", args.max_images),
+                        ("--max-image-pixels", args.max_image_pixels)):
         check_number(flag, value, ge=1)
     check_number("--threads", args.threads, ge=0)
     check_number("--batch-wait-ms", args.batch_wait_ms, ge=0, le=60_000)  # NaN and inf too: a batch must start
@@ -93,9 +102,10 @@ def run(args) -> int:
     engine = build_engine(args.model, adapters, device=args.device, dtype=args.dtype, max_batch=args.max_batch,
                           batch_wait_ms=args.batch_wait_ms, trust_remote_code=args.trust_remote_code,
                           template=template)
+    images = ImageSettings(args.max_images, ImageLimits(max_bytes=args.max_body_bytes, max_pixels=args.max_image_pixels))
     settings = Settings(api_key=api_key, adapter_root=os.path.abspath(root) if root else None,
                         max_tokens_limit=args.max_tokens_limit, max_body_bytes=args.max_body_bytes,
-                        max_stored_responses=args.max_stored_responses)
+                        max_stored_responses=args.max_stored_responses, images=images)
     app = create_app(engine, settings)
     import uvicorn
 

@@ -16,6 +16,9 @@ Checked here, before any model loads, each failure one line naming the file, lin
   damaged file is found now and not in the middle of training.
 Pillow does the decoding (the only image library transformers' PIL image processors need; no torchvision).
 
+At inference (chat --image, a data URL in a server request, a web upload) the same checks apply, under limits the
+caller may tighten (`ImageLimits`: serve's --max-image-pixels); a server takes only data URLs (`read_data_url`).
+
 `fit_size` / `load` apply --image-max-pixels and --image-min-pixels (LLaMA-Factory's names and defaults: the image
 is scaled, keeping its aspect ratio, to at most 768x768 and at least 32x32 pixels' worth) before the model's image
 processor sees it, so the size, and with it every image's token count, is known from the header alone.
@@ -28,6 +31,7 @@ import math
 import os
 import re
 import stat
+import io
 from dataclasses import dataclass, field
 
 from roctune.errors import DataError
@@ -38,7 +42,21 @@ MAX_IMAGE_PIXELS = 8192 * 8192  # width x height, from the header, before decodi
 MAX_IMAGES_PER_RECORD = 64
 DEFAULT_MAX_PIXELS = 768 * 768  # --image-max-pixels
 DEFAULT_MIN_PIXELS = 32 * 32  # --image-min-pixels
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # what vision processors read: Pillow tries no other decoder
 _DATA_URL = re.compile(r"^data:(?P<mime>image/[\w.+-]+)?(?P<params>(;[\w=.+-]+)*);base64,(?P<data>.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """How large one image may be: its bytes (encoded) and its pixels (from the header, before decoding)."""
+
+    max_bytes: int
+    max_pixels: int
+
+
+def default_limits() -> ImageLimits:
+    """MAX_IMAGE_BYTES and MAX_IMAGE_PIXELS, read when an image is checked."""
+    return ImageLimits(MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS)
 
 
 @dataclass(frozen=True)
@@ -65,20 +83,19 @@ def _pil():
     return Image
 
 
-def _check_decoded(opened, where: str) -> tuple[int, int, str]:
+def _check_decoded(opened, where: str, limits: ImageLimits) -> tuple[int, int, str]:
     """(width, height, format) of an opened image after its pixel count is checked and it decodes whole."""
     width, height = opened.size
     if width < 1 or height < 1:
         raise DataError(f"{where}: the image has no pixels ({width}x{height}); give a real picture")
-    if width * height > MAX_IMAGE_PIXELS:
+    if width * height > limits.max_pixels:
         raise DataError(f"{where}: the image is {width}x{height} pixels, more than roctune reads "
-                        f"({MAX_IMAGE_PIXELS:,} pixels, e.g. 8192x8192); scale it down first")
+                        f"({limits.max_pixels:,} pixels); scale it down first")
     opened.load()  # every pixel decodes: a truncated or damaged file is refused now, not during training
     return width, height, str(opened.format or "?")
 
 
-def _open(file_or_bytes, where: str) -> tuple[int, int, str]:
-    import io
+def _open(file_or_bytes, where: str, limits: ImageLimits) -> tuple[int, int, str]:
     import warnings
 
     Image = _pil()
@@ -86,12 +103,12 @@ def _open(file_or_bytes, where: str) -> tuple[int, int, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(source) as opened:
-                return _check_decoded(opened, where)
+            with Image.open(source, formats=FORMATS) as opened:
+                return _check_decoded(opened, where, limits)
     except DataError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise DataError(f"{where}: the image declares more pixels than roctune reads ({MAX_IMAGE_PIXELS:,}); "
+        raise DataError(f"{where}: the image declares more pixels than roctune reads ({limits.max_pixels:,}); "
                         "scale it down first") from None
     except Image.UnidentifiedImageError:
         raise DataError(f"{where}: not an image (no format Pillow reads); give a PNG, JPEG, WebP, GIF or BMP "
@@ -105,18 +122,18 @@ def _size(n: int) -> str:
     return f"{n / 2 ** 20:.1f} MiB" if n >= 2 ** 20 else f"{n:,} bytes"
 
 
-def _from_data_url(url: str, where: str) -> ImageRef:
+def _from_data_url(url: str, where: str, limits: ImageLimits) -> ImageRef:
     m = _DATA_URL.match(url[:200] + url[200:].strip())
     if not m:
         raise DataError(f"{where}: a data URL must be data:image/TYPE;base64,DATA; this one is not")
     data = m["data"]
-    if len(data) * 3 // 4 > MAX_IMAGE_BYTES:
-        raise DataError(f"{where}: the data URL holds more than {_size(MAX_IMAGE_BYTES)}; give a smaller image")
+    if len(data) * 3 // 4 > limits.max_bytes:
+        raise DataError(f"{where}: the data URL holds more than {_size(limits.max_bytes)}; give a smaller image")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise DataError(f"{where}: the data URL's base64 does not decode; encode the image again") from None
-    width, height, fmt = _open(raw, where)
+    width, height, fmt = _open(raw, where, limits)
     return ImageRef(f"data URL ({len(raw)} bytes)", width, height, fmt, data=raw)
 
 
@@ -131,7 +148,7 @@ def _resolve_path(value: str, roots: list[str], where: str) -> str:
                     "file's folder")
 
 
-def _from_path(value: str, roots: list[str], where: str) -> ImageRef:
+def _from_path(value: str, roots: list[str], where: str, limits: ImageLimits) -> ImageRef:
     path = _resolve_path(value, roots, where)
     try:
         info = os.stat(path)
@@ -139,30 +156,44 @@ def _from_path(value: str, roots: list[str], where: str) -> ImageRef:
         raise DataError(f"{where}: image {path}: {e.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
         raise DataError(f"{where}: image {path} is not a regular file (a folder, pipe or device); give an image file")
-    if info.st_size > MAX_IMAGE_BYTES:
+    if info.st_size > limits.max_bytes:
         raise DataError(f"{where}: image {path} is {_size(info.st_size)}, more than roctune reads "
-                        f"({_size(MAX_IMAGE_BYTES)}); compress or scale it down")
+                        f"({_size(limits.max_bytes)}); compress or scale it down")
     try:
         with open(path, "rb") as f:
-            width, height, fmt = _open(f, f"{where}: image {path}")
+            width, height, fmt = _open(f, f"{where}: image {path}", limits)
     except PermissionError:
         raise DataError(f"{where}: image {path} cannot be read (permission denied)") from None
     return ImageRef(os.path.abspath(path), width, height, fmt, path=os.path.abspath(path))
 
 
-def read_image(value, roots: list[str], where: str) -> ImageRef:
-    """One image named in the data (a path, a file:// or data: URL), checked; DataError naming `where` otherwise."""
+def read_image(value, roots: list[str], where: str, limits: ImageLimits | None = None) -> ImageRef:
+    """One image named in the data (a path, a file:// or data: URL), checked (within `limits`, by default
+    `default_limits()`); DataError naming `where` otherwise."""
+    limits = limits or default_limits()
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{where}: an image must be given as a path or a data: URL (a non-empty string), got "
                         f"{type(value).__name__}")
     value = value.strip()
     if value.startswith("data:"):
-        return _from_data_url(value, where)
+        return _from_data_url(value, where, limits)
     scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", value)
     if scheme and scheme[1].lower() != "file":
         raise DataError(f"{where}: image URL {value[:80]!r}: roctune fetches nothing from the network; download "
                         "the image and give its path (or a data: URL)")
-    return _from_path(value, roots, where)
+    return _from_path(value, roots, where, limits)
+
+
+def read_data_url(url: str, where: str, limits: ImageLimits | None = None) -> ImageRef:
+    """An image a client sent (a server request): only a `data:` URL is taken. A server that opened paths or
+    fetched http(s) URLs would read its own disk or network for whoever sends a request, so every other form is
+    refused and nothing is fetched."""
+    if not isinstance(url, str) or not url.strip().startswith("data:"):
+        scheme = re.match(r"^\s*([a-zA-Z][a-zA-Z0-9+.-]*):", url) if isinstance(url, str) else None
+        shown = f"a URL of scheme {scheme[1].lower()}:" if scheme else "not a data URL"
+        raise DataError(f"{where}: {shown} - nothing is fetched; send the image itself as a data URL "
+                        "(data:image/png;base64,...)")
+    return _from_data_url(url.strip(), where, limits or default_limits())
 
 
 def read_images(values, roots: list[str], where: str, key: str = "images") -> list[ImageRef]:
@@ -243,8 +274,6 @@ def fit_size(width: int, height: int, max_pixels: int, min_pixels: int) -> tuple
 
 def load(ref: ImageRef, max_pixels: int = DEFAULT_MAX_PIXELS, min_pixels: int = DEFAULT_MIN_PIXELS):
     """The checked image as an RGB PIL image of its fitted size (`fit_size`)."""
-    import io
-
     Image = _pil()
     with Image.open(io.BytesIO(ref.data) if ref.data is not None else ref.path) as opened:
         if opened.size != (ref.width, ref.height):  # the file changed since it was checked
@@ -253,3 +282,29 @@ def load(ref: ImageRef, max_pixels: int = DEFAULT_MAX_PIXELS, min_pixels: int = 
         image = opened.convert("RGB")
     size = fit_size(ref.width, ref.height, max_pixels, min_pixels)
     return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
+
+
+def open_image(value: str, where: str, limits: ImageLimits | None = None):
+    """A picture given at inference (`chat --image PATH`, a web upload's file), relative to the current folder,
+    checked (`read_image`) and loaded as training loads one (`load`)."""
+    return load(read_image(value, [os.getcwd()], where, limits))
+
+
+# ------------------------------------------------------------------------------------------- clients and checks
+def data_url(image, fmt: str = "PNG") -> str:
+    """An RGB PIL image as a data URL (what a client sends: the web UI, tests, scripts)."""
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return f"data:image/{fmt.lower()};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
+
+
+def probe_image(size: int = 64):
+    """A fixed test picture (four coloured quadrants) for the checks that compare two models on an image (merge,
+    export): deterministic, and not uniform, so every patch position sees different pixels."""
+    Image = _pil()
+    image = Image.new("RGB", (size, size))
+    h = size // 2
+    for (x, y), colour in zip(((0, 0), (h, 0), (0, h), (h, h)),
+                              ((220, 20, 60), (30, 144, 255), (255, 215, 0), (34, 139, 34))):
+        image.paste(colour, (x, y, x + h, y + h))
+    return image

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_conversation, render_fallback_calls,
                                         tool_format_of)
+from roctune.data import parts as message_parts
 from roctune.data import templates
 from roctune.data.formats import parse_tool_calls
 from roctune.data.images import content_parts
@@ -207,6 +208,9 @@ def _fold_system(messages: list[dict]) -> list[dict]:
         return messages
     system, rest = messages[0]["content"], list(messages[1:])
     for i, m in enumerate(rest):
+        if m["role"] == "user" and (isinstance(m["content"], list) or isinstance(system, list)):
+            rest[i] = message_parts.fold_system_parts(messages[0], m)
+            return rest
         if m["role"] == "user":
             rest[i] = {**m, "content": f"{system}\n\n{m['content']}" if system.strip() else m["content"]}
             return rest
@@ -220,6 +224,7 @@ def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None =
     message where it has no system role)."""
     options = options or RenderOptions()
     tpl = _template_text(tokenizer)
+    message_parts.check_template_reads_images(messages, tpl)
     messages = [_normalise(m) for m in messages]
     messages = _reasoning(messages, "reasoning_content" in tpl, options)
     has_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
@@ -228,6 +233,12 @@ def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None =
     if messages and messages[0]["role"] == "system" and not template_traits(tokenizer).system_role:
         messages = _fold_system(messages)
     return messages, tools or None
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template applied as roctune renders every conversation (a vision model's tokenizer takes content
+    parts), for callers that render messages of their own (the Modelfile's probes)."""
+    return _render(tokenizer, messages, add_generation_prompt)
 
 
 def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:

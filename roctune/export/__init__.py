@@ -2,7 +2,8 @@
 DEPLOY.md (llama.cpp, Ollama, vLLM, SGLang), checked after writing.
 
 A format is a unit: one file (merged_gguf.py: the run merged and written in a quant type of quants.py; lora_gguf.py:
-the adapter alone) and one row in FORMATS. Each has `check_options` (its flags, before the run is read),
+the adapter alone; vision_gguf.py: a vision-language run's language model and llama.cpp's mmproj, what --format
+gguf writes for such a run) and one row in FORMATS. Each has `check_options` (its flags, before the run is read),
 `check_run` and `check` (everything that can be checked before a model loads), `write` (the file, its Modelfile
 and DEPLOY.md), `verify` (the file run in llama.cpp, or read back, against the merged model) and `done` (the last
 line). `export()` only dispatches: the run read once (rundir.open), the output folder checked, the job prepared
@@ -30,12 +31,27 @@ class Format:
     module: str  # its unit
     help: str
     quant: bool = False  # --quant chooses its type (else it is refused: the file is written in f32)
+    vision: str = ""  # its unit for a vision-language run ("": the format cannot carry one)
 
     def load(self):
         return importlib.import_module(self.module)
 
+    def for_run(self, run: rundir.Run):
+        """The unit that writes `run`: a vision-language run's (its language model and the mmproj) where the format
+        has one, else the format's own; one line where the format cannot carry a vision model."""
+        from roctune.export.vision_gguf import is_vision_run
 
-ROWS = (Format("gguf", "roctune.export.merged_gguf", "the merged model", quant=True),
+        if not is_vision_run(run):
+            return self.load()
+        if not self.vision:
+            raise ConfigError(f"--format {self.name}: a vision-language model exports as --format gguf (its language "
+                              "model and the mmproj); a LoRA GGUF cannot carry LoRA on the vision tower (llama.cpp "
+                              "14867)")
+        return importlib.import_module(self.vision)
+
+
+ROWS = (Format("gguf", "roctune.export.merged_gguf", "the merged model", quant=True,
+               vision="roctune.export.vision_gguf"),
         Format("lora-gguf", "roctune.export.lora_gguf", "the adapter alone, for llama-server --lora and Ollama's "
                                                          "ADAPTER, beside a GGUF of the base model"))
 FORMATS = {f.name: f for f in ROWS}
@@ -57,10 +73,10 @@ def export(adapter: "str | rundir.Run", output: str, quant: str = DEFAULT, name:
     from roctune.export import job as jobs
     from roctune.merge import check_output
 
-    code = unit(fmt)
-    code.check_options(quant, embedding_type, output_type)
+    unit(fmt).check_options(quant, embedding_type, output_type)
     run = rundir.refuse_scorer(rundir.open(adapter) if isinstance(adapter, str) else adapter, command="export")
     check_output(run.path, output, overwrite, marker=MARKER, writer="roctune export")
+    code = FORMATS[fmt].for_run(run)
     code.check_run(run)
     job = jobs.prepare(run, output, quant, name, verify, embedding_type, output_type)
     code.check(job, log)

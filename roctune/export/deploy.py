@@ -18,7 +18,9 @@ MARK = {"system": "SYSTEMMARKQ", "user": "USERMARKQ", "assistant": "ANSWERMARKQ"
 
 
 def _render(tok, msgs, gen: bool) -> str:
-    return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+    from roctune.data.render import render_chat
+
+    return render_chat(tok, msgs, gen)  # a vision model's tokenizer takes content parts (data/render.py)
 
 
 def _special_tokens(tok) -> list[str]:

@@ -28,6 +28,7 @@ class Job:
     pre: str = ""  # llama.cpp's pre-tokenizer name ("default": SentencePiece): set by `inspect`
     file: str = ""  # the GGUF's name, set by the format
     plan: dict = field(default_factory=dict)  # a llama.cpp quant's tensor types (gguf_file.tensor_plan)
+    vision: object = None  # a vision-language run's mmproj layout (mmproj.check; vision_gguf.py sets it)
 
     def inspect(self) -> None:
         """The model's family and llama.cpp's pre-tokenizer: a model the GGUF writer does not support is refused

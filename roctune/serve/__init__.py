@@ -16,6 +16,7 @@ The package, by responsibility:
 - responses_schema.py, responses_output.py, responses.py: POST /v1/responses (the Responses API): its request as
   pydantic models turned into chat turns, its output items and stream events, and the responses kept for
   previous_response_id;
+- images.py: images in chat requests (data: URLs only, limits), for a vision-language model;
 - constrain.py: constrained decoding with llguidance (response_format, forced tool calls);
 - adapters.py: adapter names and --adapter specs, folders confined under --adapter-root, loading/unloading;
 - decode.py: one request's decoding row (the batch tensors and sampling are roctune.decoding's, shared with

@@ -183,11 +183,13 @@ class AdapterStack:
         return self.mixable(adapters) or len(set(adapters)) == 1
 
     def forward(self, adapters: list, **inputs):
-        """The last position's logits (float) of one forward pass for rows that use `adapters`."""
+        """The last position's logits (float) of one forward pass for rows that use `adapters`. A prompt with images
+        runs alone with its adapter set, not named per row: LoRA on a vision tower sees one row per image tile, and
+        PEFT's per-row adapter names count rows."""
         model, extra, ctx = self.base, {}, contextlib.nullcontext()
         if self.peft is not None:
             model = self.peft
-            if self.mixable(adapters):
+            if self.mixable(adapters) and "pixel_values" not in inputs:
                 extra = {"adapter_names": [a or BASE_ROW for a in adapters]}
             elif adapters[0] is None:  # compatible() keeps a batch with an unmixable adapter to that adapter only
                 ctx = self.peft.disable_adapter()

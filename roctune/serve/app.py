@@ -157,7 +157,8 @@ async def _complete(request: Request, chat: bool):
     ignored = check_fields(body, "chat" if chat else "text")
     adapter = completions.pick_adapter(body, engine)
     # rendering and tokenizing a long chat takes a while (about a second for 900 kB): off the event loop
-    prompt = await run_in_threadpool(completions.prompt_ids, body, engine, chat, adapter)
+    images = settings.images if getattr(engine, "processor", None) is not None else None
+    prompt = await run_in_threadpool(completions.prompt_ids, body, engine, chat, adapter, images)
     sampling = parse_sampling(body, settings, len(prompt.ids), engine.context, engine.base_id)
     stream, include_usage = parse_stream(body)
     req, events = completions.submit(engine, prompt, adapter, sampling)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from roctune.data.answer_format import THINK_OPEN, AnswerParser
+from roctune.data.parts import has_images
 from roctune.serve.constrain import json_grammar, tool_call_grammar
 from roctune.serve.decode import GenRequest
 from roctune.serve.errors import bad_field, model_not_found
@@ -38,11 +39,15 @@ class Prompt:
     in_think: bool = False
     constraint: object = None
     parallel: bool = True
+    images: dict | None = None  # a vision model's inputs beside the ids (pixel values, ...), for the prefill
 
 
-def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None) -> Prompt:
+def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None, images=None) -> Prompt:
     """The request's prompt: its messages and tools (chat), or its prompt as one user turn or raw. Run in a
-    worker thread: rendering, tokenizing and compiling a grammar may take a while."""
+    worker thread: rendering, tokenizing, decoding images and compiling a grammar may take a while. `images`: the
+    server's image settings (serve/images.py) when the model takes images, else None."""
+    from roctune.serve.images import Budget
+
     if not chat:
         prompt, raw = parse_prompt(body)
         ids = engine.encode_raw(prompt) if raw else engine.encode_chat([{"role": "user", "content": prompt}])
@@ -50,7 +55,8 @@ def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None) -> Pr
             raise bad_field("prompt", "the prompt is empty")
         return Prompt(ids)
     opts = parse_chat_options(body)
-    return chat_prompt(engine, adapter, body["model"], parse_messages(body.get("messages")), opts)
+    messages = parse_messages(body.get("messages"), Budget(images, body["model"]))
+    return chat_prompt(engine, adapter, body["model"], messages, opts)
 
 
 def chat_prompt(engine, adapter: str | None, model: str, messages: list[dict], opts: ChatOptions,
@@ -62,8 +68,11 @@ def chat_prompt(engine, adapter: str | None, model: str, messages: list[dict], o
         raise bad_field("tools", f"model {model!r}: its chat template writes tool calls in a format roctune "
                         "cannot parse; use a model whose template writes <tool_call> blocks, or one without tools "
                         "in its template (roctune's fallback format is then used)", code="tools_unsupported")
-    text = engine.render_chat(messages, opts.tools)
-    ids = engine.tokenize(text)
+    if has_images(messages):
+        text, ids, pixels = engine.encode_chat_images(messages, opts.tools)
+    else:
+        text, pixels = engine.render_chat(messages, opts.tools), None
+        ids = engine.tokenize(text)
     if not ids:
         raise bad_field(fields[0], "the prompt is empty")
     constraint = None
@@ -72,7 +81,7 @@ def chat_prompt(engine, adapter: str | None, model: str, messages: list[dict], o
     elif opts.tool_choice == "required" or opts.forced_function:
         grammar = tool_call_grammar(opts.tools, opts.forced_function, fmt, opts.parallel)
         constraint = engine.grammars.matcher(grammar, "tool_choice")
-    return Prompt(ids, fmt, text.rstrip().endswith(THINK_OPEN), constraint, opts.parallel)
+    return Prompt(ids, fmt, text.rstrip().endswith(THINK_OPEN), constraint, opts.parallel, pixels)
 
 
 def _call_id() -> str:
@@ -184,7 +193,7 @@ def submit(engine, prompt: Prompt, adapter: str | None, sampling: Sampling) -> t
     def emit(ev: tuple) -> None:
         loop.call_soon_threadsafe(events.put_nowait, ev)
 
-    req = GenRequest(prompt.ids, adapter, sampling, emit, constraint=prompt.constraint)
+    req = GenRequest(prompt.ids, adapter, sampling, emit, constraint=prompt.constraint, images=prompt.images)
     engine.submit(req)
     return req, events
 

@@ -30,6 +30,7 @@ class GenRequest:
     cancelled: bool = False
     solo: bool = False
     constraint: object = None  # a constrain.Constraint the answer must follow (response_format, forced calls)
+    images: dict | None = None  # a vision model's prompt inputs beside the ids (pixel values, ...): prefilled alone
 
 
 def send(req: GenRequest, ev: tuple) -> None:

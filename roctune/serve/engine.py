@@ -43,6 +43,7 @@ class Engine:
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto", max_batch: int = 8,
                  batch_wait_ms: float = 5.0, trust_remote_code: bool = False, max_queue: int = 1024,
                  rope_scaling: str = "", template: str | None = None):
+        from roctune.generate import is_vision_model, load_vision_model
         from roctune.hardware import choose_attention, choose_device, choose_dtype
         from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
@@ -56,13 +57,18 @@ class Engine:
         if attn == "flash_attention_2":
             attn = "sdpa"  # left-padded batches with a KV cache: sdpa is the safe kernel everywhere
         self.tokenizer = load_tokenizer(self.base_path, trust_remote_code, template)  # the adapters' (run.yaml)
-        base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code, rope_scaling)
+        self.processor = None  # a vision-language model's: images to pixel values and image tokens
+        if is_vision_model(self.base_path):
+            base, self.processor = load_vision_model(self.base_path, self.dtype, self.device, attn,
+                                                     trust_remote_code, self.tokenizer)
+        else:
+            base = load_model(self.base_path, self.dtype, self.device, attn, trust_remote_code, rope_scaling)
         base.eval()
         self.stack = AdapterStack(base, self.base_id, self.base_path, rope_scaling)
         self.max_batch = max_batch
         self.batch_wait = batch_wait_ms / 1000.0
         self.max_queue = max_queue
-        self.context = int(getattr(base.config, "max_position_embeddings", 0) or 0) or None
+        self.context = int(getattr(base.config.get_text_config(), "max_position_embeddings", 0) or 0) or None
         self._init_tokens(base)
         self._tok_lock = threading.Lock()
         self._decode_tok = copy.deepcopy(self.tokenizer)  # the worker's own (see decode)
@@ -102,6 +108,19 @@ class Engine:
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.tokenize(self.render_chat(messages, tools))
+
+    def encode_chat_images(self, messages: list[dict], tools: list[dict] | None = None):
+        """(prompt text, token ids, the processor's other inputs) of a chat whose user turns hold images: the
+        template places each image, the processor expands it into its tokens and pixel values."""
+        from roctune.data.parts import take_images
+
+        shaped, images = take_images(messages)
+        text = self.render_chat(shaped, tools)
+        with self._tok_lock:
+            enc = self.processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+        ids = enc.pop("input_ids")[0].tolist()
+        enc.pop("attention_mask", None)
+        return text, ids, dict(enc)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of a rendered prompt (it holds its special tokens as text already)."""
@@ -258,10 +277,10 @@ class Engine:
                 fail(r, model_not_found(f"model {r.adapter!r} was unloaded", param=None))
         chosen: list[GenRequest] = []
         for r in list(pending):
-            if len(chosen) >= room or (chosen and chosen[0].solo):
+            if len(chosen) >= room or (chosen and (chosen[0].solo or chosen[0].images is not None)):
                 break
-            if r.solo and (running or chosen):
-                continue
+            if (r.solo and (running or chosen)) or (r.images is not None and chosen):
+                continue  # a prompt with images is prefilled alone (its pixels), then joins the running batch
             if self.stack.compatible(running + [c.adapter for c in chosen] + [r.adapter]):
                 chosen.append(r)
                 pending.remove(r)
@@ -289,10 +308,12 @@ class Engine:
             return None
         ids, mask, pos = (t.to(self.device) for t in left_pad([r.req.prompt_ids for r in rows], self.pad_id))
         cache = DynamicCache(config=self.base.config)
+        pixels = {k: v.to(self.device, dtype=self.base.dtype) if v.is_floating_point() else v.to(self.device)
+                  for k, v in (rows[0].req.images or {}).items()}  # _select prefills a prompt with images alone
         try:
             with torch.inference_mode():
                 logits = self.stack.forward([r.req.adapter for r in rows], input_ids=ids, attention_mask=mask,
-                                            position_ids=pos, **{self._cache_arg: cache})
+                                            position_ids=pos, **pixels, **{self._cache_arg: cache})
         except Exception as e:
             if len(rows) == 1:
                 log.exception("prefill failed")

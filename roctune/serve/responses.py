@@ -66,8 +66,11 @@ class Prepared:
     turns: list[dict]  # the conversation so far in chat shape, without the instructions
 
 
-def prepare(body: dict, engine, store: ResponseStore, adapter: str | None) -> Prepared:
-    """The checked request, its conversation and prompt. Run in a worker thread (rendering takes a while)."""
+def prepare(body: dict, engine, store: ResponseStore, adapter: str | None, images=None) -> Prepared:
+    """The checked request, its conversation and prompt. Run in a worker thread (rendering and decoding images take a
+    while). `images`: the server's image settings when the model takes images (serve/images.py), else None."""
+    from roctune.serve.images import Budget
+
     req = parse_request(body)
     earlier = []
     if req.previous_response_id is not None:
@@ -77,7 +80,7 @@ def prepare(body: dict, engine, store: ResponseStore, adapter: str | None) -> Pr
         earlier = stored.turns
     shape = chat_shape(req, earlier)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    messages = parse_messages(system + earlier + shape.turns)
+    messages = parse_messages(system + earlier + shape.turns, Budget(images, body["model"]))
     opts = parse_chat_options(shape.options)
     prompt = chat_prompt(engine, adapter, body["model"], messages, opts, ("input", "text.format"))
     return Prepared(req, prompt, earlier + shape.turns)
@@ -157,7 +160,8 @@ async def create(request, body: dict):
     """Answer a checked-for-fields POST /v1/responses body, whole or streamed."""
     engine, settings, store = request.app.state.engine, request.app.state.settings, request.app.state.responses
     adapter = pick_adapter(body, engine)
-    prep = await run_in_threadpool(prepare, body, engine, store, adapter)
+    images = settings.images if getattr(engine, "processor", None) is not None else None
+    prep = await run_in_threadpool(prepare, body, engine, store, adapter, images)
     sampling = parse_sampling(body, settings, len(prep.prompt.ids), engine.context, engine.base_id, "input")
     stream, _ = parse_stream(body)
     req, events = submit(engine, prep.prompt, adapter, sampling)

@@ -4,17 +4,19 @@ lengths, valid Unicode) and turned into what the chat endpoint's code takes: cha
 response_format of a chat request. Both endpoints thus render, constrain and parse an answer the same way.
 
 Input items: messages (role user, system, developer or assistant; content a string or input_text/output_text
-parts), function_call and function_call_output items, and reasoning items (their text goes back as the assistant
-turn's reasoning). Items may carry the bookkeeping fields a client echoes back from an earlier response (id,
-status, annotations): they change nothing and are dropped. Any other item, part or tool type (images, files, hosted
-tools) is refused with one line naming it. Which top-level fields may appear at all is fields.py's table."""
+parts, and in a user message input_image parts: a data URL, taken for a vision-language model by the chat
+endpoint's image rules, serve/images.py), function_call and function_call_output items, and reasoning items (their
+text goes back as the assistant turn's reasoning). Items may carry the bookkeeping fields a client echoes back from
+an earlier response (id, status, annotations): they change nothing and are dropped. Any other item, part or tool
+type (files, hosted tools) is refused with one line naming it. Which top-level fields may appear at all is
+fields.py's table."""
 
 import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag,
-                      TypeAdapter, ValidationError)
+                      TypeAdapter, ValidationError, model_validator)
 
 from roctune.serve.errors import ApiError, bad_field
 from roctune.serve.schemas import MAX_TOOLS, TOOL_NAME, text_fault
@@ -79,8 +81,21 @@ class _Item(BaseModel):
 
 
 class TextPart(_Item):
-    type: Literal["input_text", "output_text"]
-    text: Text
+    """A content part: text (input_text, output_text), or in a user message a picture (input_image: a data URL,
+    checked by the chat endpoint's image rules, serve/images.py)."""
+
+    type: Literal["input_text", "output_text", "input_image"]
+    text: Text | None = None
+    image_url: StrictStr | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _filled(self):
+        if self.type == "input_image" and self.image_url is None:
+            raise ValueError("an input_image part needs an image_url (a data: URL)")
+        if self.type != "input_image" and self.text is None:
+            raise ValueError(f"an {self.type} part needs a text")
+        return self
 
 
 Content = _by_kind({str: Text, list: list[TextPart]},
@@ -239,7 +254,7 @@ class _Turns:
 
     def add(self, item) -> None:
         if isinstance(item, MessageItem) and item.role != "assistant":
-            self.other({"role": item.role, "content": _text(item.content)})
+            self.other({"role": item.role, "content": _parts(item.content)})
         elif isinstance(item, MessageItem):
             self.assistant("content")["content"] = _text(item.content)
         elif isinstance(item, FunctionCallItem):
@@ -256,7 +271,18 @@ class _Turns:
 
 
 def _text(content) -> str:
+    if isinstance(content, list) and any(p.type == "input_image" for p in content):
+        raise bad_field("input", "an input_image part is only taken in a user message")
     return content if isinstance(content, str) else "".join(p.text for p in content)
+
+
+def _parts(content):
+    """A message's content in the chat shape: its text, or with images its parts (image_url parts, which the chat
+    endpoint's rules check: a data URL, the limits, a model that takes images)."""
+    if isinstance(content, str) or not any(p.type == "input_image" for p in content):
+        return _text(content)
+    return [{"type": "image_url", "image_url": {"url": p.image_url}} if p.type == "input_image"
+            else {"type": "text", "text": p.text} for p in content]
 
 
 def to_turns(items, earlier: list[dict]) -> list[dict]:

@@ -24,6 +24,13 @@ class Settings:
     max_tokens_limit: int = 1024
     max_body_bytes: int = 1 << 20
     max_stored_responses: int = 256  # POST /v1/responses: answers kept for previous_response_id (LRU)
+    images: object = None  # serve.images.ImageSettings: how many and how large (the defaults when None)
+
+    def __post_init__(self):
+        if self.images is None:
+            from roctune.serve.images import ImageSettings
+
+            self.images = ImageSettings()
 
 
 @dataclass
@@ -80,18 +87,27 @@ def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None)
 
 
 # ------------------------------------------------------------------------------------------- the prompt
-def _content_text(content, where: str) -> str:
+def _content_text(content, where: str, budget=None):
+    """The text of a message's content; with images (serve/images.py: `budget` says whether the model takes them
+    and how many are left), its parts: text parts and decoded image parts, in order."""
+    from roctune.serve.images import image_part, is_image_part
+
     if isinstance(content, str):
         return check_text(content, where)
     if isinstance(content, list):
         parts = []
         for k, part in enumerate(content):
+            if is_image_part(part) and budget is not None:
+                parts.append(image_part(part, f"{where}[{k}]", budget))
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_field(where, f"field '{where}[{k}]': only text parts "
+                raise bad_field(where, f"field '{where}[{k}]': only text and image_url parts "
                                 "({\"type\": \"text\", \"text\": ...}) are supported")
-            parts.append(check_text(part["text"], f"{where}[{k}].text"))
-        return "".join(parts)
-    raise bad_field(where, f"field '{where}' must be a string or a list of text parts")
+            parts.append({"type": "text", "text": check_text(part["text"], f"{where}[{k}].text")})
+        if any(p["type"] == "image" for p in parts):
+            return parts
+        return "".join(p["text"] for p in parts)
+    raise bad_field(where, f"field '{where}' must be a string or a list of content parts")
 
 
 def _assistant_calls(m: dict, i: int) -> list[dict] | None:
@@ -110,7 +126,7 @@ def _assistant_calls(m: dict, i: int) -> list[dict] | None:
         raise bad_field("messages", str(e)) from None
 
 
-def _message(m, i: int) -> dict:
+def _message(m, i: int, budget=None) -> dict:
     if not isinstance(m, dict):
         raise bad_field("messages", f"field 'messages[{i}]' must be an object with 'role' and 'content'")
     role = m.get("role")
@@ -120,8 +136,9 @@ def _message(m, i: int) -> dict:
                         "developer, user, assistant or tool")
     calls = _assistant_calls(m, i) if role == "assistant" else None
     content = m.get("content")
-    out = {"role": role, "content": "" if content is None and calls else _content_text(content,
-                                                                                       f"messages[{i}].content")}
+    where = f"messages[{i}].content"
+    out = {"role": role, "content": "" if content is None and calls else
+           _content_text(content, where, budget if role == "user" else None)}
     if calls:
         out["tool_calls"] = calls
     if role == "assistant" and isinstance(m.get("reasoning_content"), str):
@@ -132,12 +149,13 @@ def _message(m, i: int) -> dict:
     return out
 
 
-def parse_messages(value) -> list[dict]:
-    """The chat turns of `messages` as the renderer takes them: text content, an assistant's tool calls and
-    reasoning, tool results; developer turns become system."""
+def parse_messages(value, budget=None) -> list[dict]:
+    """The chat turns of `messages` as the renderer takes them: text content (and a user turn's images, checked
+    against `budget`, a serve.images.Budget), an assistant's tool calls and reasoning, tool results; developer
+    turns become system."""
     if not isinstance(value, list) or not value:
         raise bad_field("messages", "field 'messages' must be a non-empty list of {role, content} objects")
-    out = [_message(m, i) for i, m in enumerate(value)]
+    out = [_message(m, i, budget) for i, m in enumerate(value)]
     if out[-1]["role"] == "assistant":
         raise bad_field("messages", "the last message is an assistant turn; end with a user or tool message")
     return out

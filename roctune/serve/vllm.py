@@ -7,6 +7,9 @@ What is checked, each failure one ConfigError line naming the adapter and the fi
 - adapters vLLM cannot load (roctune.hardware.vllm.unloadable: `modules_to_save`, DoRA, trained token rows, LoRA
   on the embedding or output layer, LoRA biases, inits that rewrite the base weights), a rank above vLLM's largest;
 - adapters trained on another base than the one served (vLLM serves the adapters of one base per server);
+- on a vision-language model, adapters that trained the vision tower or the projector: vLLM applies LoRA to the
+  language model only (`vision_side`); one whose LoRA is all on the language model is served, and a line says
+  that the vision tower and projector are the base's;
 - no vLLM: `make vllm`, or --vllm-python / $ROCTUNE_VLLM_PYTHON pointing at a python that has it.
 
 What is served the way roctune serves it:
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 
@@ -107,12 +111,32 @@ def _same_base(name: str, path: str, cfg: dict, base_path: str, base_id: str) ->
                           f"serves the adapters of one base: start it with --model {trained_on} (one server per base)")
 
 
-def check_adapter(name: str, path: str, base_path: str, base_id: str) -> VllmAdapter:
-    """One --adapter checked for vLLM before anything starts; ConfigError naming it and the fix otherwise."""
+def vision_side(path: str, cfg: dict, row) -> list[str]:
+    """The vision tower and projector modules an adapter trains (LoRA weights or modules_to_save), by the family
+    row's module paths (roctune.vision.part_of)."""
+    from safetensors import safe_open
+
+    from roctune.vision import part_of
+
+    with safe_open(os.path.join(path, rundir.ADAPTER_WEIGHTS), "pt") as f:
+        names = [k.removeprefix("base_model.model.") for k in f.keys()]
+    names += [str(m) for m in cfg.get("modules_to_save") or []]
+    modules = {re.sub(r"\.(lora_[AB]|lora_magnitude_vector|modules_to_save).*$", "", n) for n in names}
+    return sorted(m for m in modules if part_of(m, row) != "language")
+
+
+def check_adapter(name: str, path: str, base_path: str, base_id: str, vision=None) -> VllmAdapter:
+    """One --adapter checked for vLLM before anything starts; ConfigError naming it and the fix otherwise. `vision`:
+    the served base's vision row (roctune.families.Vision) when it is a vision-language model."""
     try:
         cfg = rundir.check_adapter(path, f"--adapter {name}")
     except RoctuneError as e:
         raise ConfigError(str(e)) from None
+    trained = vision_side(path, cfg, vision) if vision is not None else []
+    if trained:
+        shown = ", ".join(trained[:2]) + (f" and {len(trained) - 2} more" if len(trained) > 2 else "")
+        raise ConfigError(f"--adapter {name}: it trains the vision side ({shown}); vLLM applies LoRA to the language "
+                          f"model only, so it would serve the base's vision tower and projector; {MERGE_FIX}")
     reason = unloadable_reason(cfg)
     if reason:
         raise ConfigError(f"--adapter {name}: {reason}, which vLLM cannot load; {MERGE_FIX}")
@@ -261,12 +285,19 @@ def prepare(model: str | None, specs: list[tuple[str, str]], *, python: str, hos
     from roctune.models import load_tokenizer, resolve_model
     from roctune.serve.adapters import base_model_id
 
+    from roctune.vision import vision_row
+
     base_path = resolve_model(model)
     base_id = base_model_id(model)
-    adapters = [check_adapter(name, path, base_path, base_id) for name, path in specs]
+    vision = vision_row(base_path)
+    adapters = [check_adapter(name, path, base_path, base_id, vision) for name, path in specs]
     check_has_vllm(python)
     tokenizer = load_tokenizer(base_path, trust_remote_code, template)
     if dtype == "auto":
         dtype = choose_dtype("auto", choose_device(device).value).value
-    return build_launch(python, base_path, base_id, adapters, tokenizer, host=host, port=port, api_key=api_key,
-                        dtype=dtype, max_batch=max_batch, trust_remote_code=trust_remote_code)
+    launch = build_launch(python, base_path, base_id, adapters, tokenizer, host=host, port=port, api_key=api_key,
+                          dtype=dtype, max_batch=max_batch, trust_remote_code=trust_remote_code)
+    if vision is not None and adapters:
+        launch.notes.append("vision model: vLLM applies each adapter to the language model; images go through the "
+                            "base's vision tower and projector (a run that trained those is refused above)")
+    return launch

@@ -1,12 +1,18 @@
 """The Chat panel: talk to a trained adapter, side by side with its base model, the answers streamed as they are
 generated (transformers' TextIteratorStreamer); a system prompt, temperature, top-p and max new tokens as in
-`roctune chat`. The last loaded model is kept between messages (`ModelCache`) and one generation runs at a time."""
+`roctune chat`. The last loaded model is kept between messages (`ModelCache`) and one generation runs at a time.
+
+A vision-language model also takes a picture with a message (`roctune chat --image`): the upload is checked at the
+border (roctune.data.images) and kept on the server, in the session's state, in the order of the history's
+picture messages; the history the browser sends back names files, but the pictures the model sees are only those
+the server checked and kept."""
 from __future__ import annotations
 
 import threading
 import time
 from types import SimpleNamespace
 
+from roctune.errors import RoctuneError
 from roctune.webui.html import box, guard, guard_stream
 from roctune.webui.i18n import t
 
@@ -22,9 +28,33 @@ def message_text(content) -> str:
     return str(content or "")
 
 
-def history_messages(history: list) -> list[dict]:
-    return [{"role": m["role"], "content": message_text(m["content"])} for m in history or []
-            if m.get("role") in ("user", "assistant", "system")]
+def _is_file(content) -> bool:
+    """A Chatbot message that shows a file (a picture sent with the next message)."""
+    if isinstance(content, (list, tuple)):
+        return bool(content) and all(_is_file(c) for c in content)
+    return isinstance(content, dict) and ("path" in content or content.get("type") == "file" or "file" in content)
+
+
+def history_messages(history: list, pictures: list | None = None) -> list[dict]:
+    """The conversation of a Chatbot history for `generate`: a picture message joins the user message after it,
+    the picture taken from `pictures` (the session's checked images, in order) and never from the browser's copy."""
+    out, waiting, kept = [], [], iter(pictures or [])
+    for m in history or []:
+        if m.get("role") not in ("user", "assistant", "system"):
+            continue
+        if m["role"] == "user" and _is_file(m["content"]):
+            waiting.append(next(kept, None))
+            continue
+        text = message_text(m["content"])
+        if waiting and m["role"] == "user":
+            if any(p is None for p in waiting):
+                raise RoctuneError("the chat's pictures were lost (the page was reloaded?); press Clear and send again")
+            out.append({"role": "user", "content": [{"type": "image", "image": p} for p in waiting]
+                        + [{"type": "text", "text": text}]})
+            waiting = []
+        else:
+            out.append({"role": m["role"], "content": text})
+    return out
 
 
 class ModelCache:
@@ -68,8 +98,11 @@ def _layout(gr) -> SimpleNamespace:
     with gr.Row():
         ui.msg = gr.Textbox(show_label=False, placeholder="type a message and press Enter", scale=5,
                             elem_id="rt-chat-input")
+        ui.image = gr.Image(label="picture (a vision-language model)", type="filepath", sources=["upload", "clipboard"],
+                            height=110, scale=1, elem_id="rt-chat-image")
         ui.send = gr.Button("Send", variant="primary", scale=1, elem_id="rt-send")
         ui.clear = gr.Button("Clear", scale=0)
+    ui.pictures = gr.State([])  # the session's checked pictures, in the order of the history's picture messages
     return ui
 
 
@@ -118,12 +151,25 @@ def _check_sampling(max_new, temp, top_p) -> dict:
                 top_p=float(1.0 if top_p is None else top_p))
 
 
+def _picture(path: str | None, loaded):
+    """The uploaded picture, checked at the border, for a model that takes pictures; None without one."""
+    from roctune.data.images import open_image
+
+    if not path:
+        return None
+    if loaded.processor is None:
+        raise RoctuneError(f"picture: {loaded.base_model} is a text-only model (no vision tower); remove the picture "
+                           "or pick a vision-language model")
+    return open_image(path, "picture")
+
+
 def send_handler(ws, models: ModelCache):
-    @guard_stream("chat", 4, status_index=3)
-    def on_send(msg, adapter, checkpoint, model, compare, max_new, temp, top_p, system, ft_hist, base_hist):
+    @guard_stream("chat", 6, status_index=3)
+    def on_send(msg, adapter, checkpoint, model, compare, max_new, temp, top_p, system, ft_hist, base_hist,
+                image=None, pictures=None):
         text = (msg or "").strip()
         if not text:
-            yield "", ft_hist, base_hist, box(t("type a message first"), "info")
+            yield "", ft_hist, base_hist, box(t("type a message first"), "info"), gr_keep(), pictures
             return
         adapter = ws.adapter(checkpoint or adapter) if (checkpoint or adapter or "").strip() else None
         model = ws.model(model)
@@ -133,16 +179,21 @@ def send_handler(ws, models: ModelCache):
         t0 = time.time()
         with models.lock:
             loaded = models.get(adapter, model)
+            picture = _picture(image, loaded)
+            pictures = list(pictures or []) + ([picture] if picture is not None else [])
             ft, base = list(ft_hist or []), list(base_hist or [])
             for hist, use_adapter in [(ft, True)] + ([(base, False)] if compare else []):
+                if picture is not None:
+                    hist.append({"role": "user", "content": {"path": image}})
                 hist.append({"role": "user", "content": text})
-                asked = head + history_messages(hist)
+                asked = head + history_messages(hist, pictures)
                 hist.append({"role": "assistant", "content": ""})
                 for answer in stream_answer(loaded, asked, kw, use_adapter):
                     hist[-1] = {"role": "assistant", "content": answer}
-                    yield gr_keep(), ft, base, box(t("answering..."), "info")
+                    yield gr_keep(), ft, base, box(t("answering..."), "info"), gr_keep(), pictures
         who = f"{loaded.base_model}" + (f" + {adapter}" if adapter else "")
-        yield "", ft, base, box(t("{who}: answered in {s}s", who=who, s=f"{time.time() - t0:.1f}"), "info")
+        yield "", ft, base, box(t("{who}: answered in {s}s", who=who, s=f"{time.time() - t0:.1f}"), "info"), None, \
+            pictures
 
     return on_send
 
@@ -162,12 +213,12 @@ def build(gr, ws, models: ModelCache, lang) -> SimpleNamespace:
     with gr.Tab("Chat", id="chat"):
         ui = _layout(gr)
     on_send = send_handler(ws, models)
-    outputs = [ui.msg, ui.ft_bot, ui.base_bot, ui.status]
+    outputs = [ui.msg, ui.ft_bot, ui.base_bot, ui.status, ui.image, ui.pictures]
     inputs = [ui.msg, ui.adapter, ui.checkpoint, ui.model, ui.compare, ui.max_new, ui.temp, ui.top_p, ui.system,
-              ui.ft_bot, ui.base_bot, lang]
+              ui.ft_bot, ui.base_bot, ui.image, ui.pictures, lang]
     ui.send.click(on_send, inputs, outputs)
     ui.msg.submit(on_send, inputs, outputs)
-    ui.clear.click(lambda: ([], [], ""), None, [ui.ft_bot, ui.base_bot, ui.status])
+    ui.clear.click(lambda: ([], [], "", []), None, [ui.ft_bot, ui.base_bot, ui.status, ui.pictures])
     ui.compare.change(lambda on: gr.update(visible=bool(on)), ui.compare, ui.base_bot)
 
     @guard("chat", 1)

@@ -239,7 +239,7 @@ ZH: dict[str, str] = {
     "base model": "基础模型", "fine-tuned": "微调后",
     "type a message and press Enter": "输入消息后按回车",
     "Send": "发送", "Clear": "清空",
-    "type a message first": "请先输入消息", "answering...": "正在回答……", "top-p": "核采样阈值",
+    "type a message first": "请先输入消息", "picture (a vision-language model)": "图片（视觉语言模型）", "answering...": "正在回答……", "top-p": "核采样阈值",
     "system prompt (empty: the chat template's own)": "系统提示词（留空：对话模板自带的）",
     "{who}: answered in {s}s": "{who}：用时 {s} 秒回答",
     # eval

@@ -1,0 +1,138 @@
+"""Images at inference on a tiny SmolVLM-layout model (tests/vision_models.py) with a LoRA adapter on its language
+model, vision tower and connector: the border every image crosses (one line per refusal), `chat --image`, the
+merge (the merged folder loads in plain transformers with the adapter's logits) and the vLLM hand-off's refusal of
+vision-side LoRA. Serving images is in test_serve_images.py, the GGUF + mmproj export in test_mmproj.py."""
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+
+import pytest
+
+from vision_models import picture
+
+
+def _png(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels (its data is a few bytes: a decompression bomb's shape)."""
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def _url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://example.com/cat.png", "a URL of scheme http: - nothing is fetched"),
+    ("https://example.com/cat.png", "a URL of scheme https: - nothing is fetched"),
+    ("file:///etc/passwd", "a URL of scheme file: - nothing is fetched"),
+    ("/etc/passwd", "not a data URL - nothing is fetched"),
+    ("data:text/plain;base64,aGk=", "a data URL must be data:image/TYPE;base64,DATA"),
+    ("data:image/png,abc", "a data URL must be data:image/TYPE;base64,DATA"),
+    ("data:image/png;base64,!!!!", "the data URL's base64 does not decode"),
+    (_url(_png(64, 64)), "not a readable image"),
+    (_url(b"hello"), "not an image (no format Pillow reads)"),
+    (_url(_png(60000, 60000)), "the image declares more pixels than roctune reads (16,777,216)"),
+    (_url(_png(7000, 7000)), "the image is 7000x7000 pixels, more than roctune reads (16,777,216 pixels)"),
+    (_url(b"\0" * (21 << 20)), "the data URL holds more than 20.0 MiB"),
+])
+def test_a_servers_image_border_refuses_in_one_line(url, message):
+    """What a server takes (data/images.read_data_url, under serve's limits): only data URLs, checked before a
+    pixel is decoded."""
+    from roctune.data.images import ImageLimits, read_data_url
+    from roctune.errors import DataError
+
+    with pytest.raises(DataError) as e:
+        read_data_url(url, "messages[0].content[1].image_url.url", ImageLimits(20 << 20, 4096 * 4096))
+    assert str(e.value).startswith("messages[0].content[1].image_url.url: ") and message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_image_border_gives_the_pixels_back():
+    from roctune.data.images import data_url, load, read_data_url
+
+    img = picture()
+    assert list(load(read_data_url(data_url(img), "x")).getdata()) == list(img.getdata())
+
+
+@pytest.mark.parametrize("flag_value, message", [
+    ("missing.png", "--image: image 'missing.png' not found"),
+    ("notes.txt", "notes.txt: not an image (no format Pillow reads)"),
+])
+def test_chat_image_file_refused_before_loading(tmp_path, monkeypatch, capsys, vlm_lora_dir, flag_value, message):
+    from roctune.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a picture")
+    assert main(["chat", "--adapter", vlm_lora_dir, "--image", flag_value]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_chat_image_to_a_text_only_model_is_refused(tmp_path, capsys, tiny_model_dir):
+    from roctune.cli import main
+
+    picture().save(tmp_path / "q.png")
+    assert main(["chat", "--model", tiny_model_dir, "--image", str(tmp_path / "q.png")]) == 2
+    assert "is a text-only model (no vision tower in its config.json)" in capsys.readouterr().err
+
+
+def test_chat_with_an_image_answers_as_generate_does(tmp_path, monkeypatch, capsys, vlm_lora_dir):
+    """`chat --image` shows the picture with the first message and keeps it in the history; its streamed answer is
+    generate()'s, and the picture changes the answer (the tuned vision tower sees it)."""
+    from roctune.cli import main
+    from roctune.generate import generate, load_for_inference
+
+    picture().save(tmp_path / "q.png")
+    monkeypatch.setattr("sys.stdin", io.StringIO("What colour?\n"))
+    assert main(["chat", "--adapter", vlm_lora_dir, "--image", str(tmp_path / "q.png"), "--max-new-tokens", "6",
+                 "--device", "cpu", "--dtype", "fp32"]) == 0
+    said = capsys.readouterr().out.split("assistant> ")[1].splitlines()[0].strip()
+    loaded = load_for_inference(vlm_lora_dir, device="cpu", dtype="fp32")
+    parts = [{"type": "image", "image": picture()}, {"type": "text", "text": "What colour?"}]
+    with_image, without = generate(loaded, [[{"role": "user", "content": parts}],
+                                            [{"role": "user", "content": "What colour?"}]], max_new_tokens=6)
+    assert said == with_image and with_image != without
+
+
+def test_merged_vlm_loads_in_plain_transformers_with_the_adapters_logits(tmp_path, tiny_vlm_dir, vlm_lora_dir):
+    """roctune merge of LoRA on the language model, vision tower and connector: the folder loads with
+    AutoModelForImageTextToText and AutoProcessor alone, and its logits on a picture prompt (rendered by the
+    processor's own template) equal the adapter model's; without the adapter they do not."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from roctune.merge import merge
+
+    out = str(tmp_path / "merged")
+    report = merge(vlm_lora_dir, out, log=lambda *_: None)
+    assert report["max_logit_diff"] < 1e-4
+    processor = AutoProcessor.from_pretrained(out)
+    merged = AutoModelForImageTextToText.from_pretrained(out).eval()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
+    enc = processor(text=[processor.apply_chat_template(messages, add_generation_prompt=True)],
+                    images=[[picture("noise")]], return_tensors="pt")
+    adapter = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir), vlm_lora_dir).eval()
+    with torch.no_grad():
+        got, want = merged(**enc).logits, adapter(**enc).logits
+        with adapter.disable_adapter():
+            base = adapter(**enc).logits
+    assert (got - want).abs().max() < 1e-4
+    assert (base - want).abs().max() > 0.1
+
+
+def test_vllm_refuses_an_adapter_that_trained_the_vision_side(vlm_lora_dir, tiny_vlm_dir, tmp_path):
+    import vision_models
+    from roctune.errors import ConfigError
+    from roctune.serve.vllm import check_adapter
+    from roctune.vision import vision_row
+
+    with pytest.raises(ConfigError, match=r"--adapter tuned: it trains the vision side \(model\.connector\.modality_"
+                                          r"projection\.proj, .*vLLM applies LoRA to the language model only"):
+        check_adapter("tuned", vlm_lora_dir, tiny_vlm_dir, "tiny", vision=vision_row(tiny_vlm_dir))
+    text_only = vision_models.lora_adapter(tiny_vlm_dir, str(tmp_path / "text"), vision_models.TEXT_TARGETS)
+    assert check_adapter("tuned", text_only, tiny_vlm_dir, "tiny", vision=vision_row(tiny_vlm_dir)).rank == 4
