@@ -45,15 +45,15 @@ def check_gguf(path: str) -> Header:
     return header
 
 
-def _int(header: Header, key: str, required: bool = False, least: int = 1) -> int | list | None:
-    """A count from the metadata (or a per-layer list of them), each at least `least`."""
+def _int(header: Header, key: str, required: bool = False, per_layer: bool = False) -> int | list | None:
+    """A count from the metadata, at least 1 (`per_layer`: or a list of them, one per block)."""
     value = header.get(key)
     if value is None and not required:
         return None
-    values = value if isinstance(value, list) else [value]
-    if not values or any(type(v) is not int or v < least for v in values):
-        shown = value if not isinstance(value, Array) else f"an array of {value.count}"
-        raise _refuse(header.path, f"{key} is {shown!r}, expected a whole number of at least {least}")
+    values = value if per_layer and isinstance(value, list) else [value]
+    if not values or any(type(v) is not int or v < 1 for v in values):
+        shown = repr(value) if not isinstance(value, Array) else f"an array of {value.count}"
+        raise _refuse(header.path, f"{key} is {shown}, expected a whole number of at least 1")
     return value
 
 
@@ -108,8 +108,9 @@ def _llama_blocks(header: Header, arch: str) -> None:
     """Head counts above zero, the query heads a multiple of the key/value heads, and each block's matrices of
     the sizes they make (ggml order: the input size first)."""
     key = lambda name, **kw: _int(header, f"{arch}.{name}", **kw)  # noqa: E731
-    width, heads = key("embedding_length", required=True), key("attention.head_count", required=True)
-    kv_heads, ff = key("attention.head_count_kv") or heads, key("feed_forward_length")
+    width, heads = key("embedding_length", required=True), key("attention.head_count", required=True, per_layer=True)
+    kv_heads = key("attention.head_count_kv", per_layer=True) or heads
+    ff = key("feed_forward_length", per_layer=True)
     key_len, value_len = key("attention.key_length"), key("attention.value_length")
     for i in range(key("block_count", required=True)):
         h, kv, f = (v[i % len(v)] if isinstance(v, list) else v for v in (heads, kv_heads, ff))
@@ -124,8 +125,15 @@ def _llama_blocks(header: Header, arch: str) -> None:
                                   "attn_norm": (width,), "ffn_norm": (width,)})
 
 
+# Every llama-layout block holds these (a block without one would convert with random weights in its place).
+REQUIRED = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down")
+
+
 def _block_shapes(header: Header, block: int, wanted: dict) -> None:
     tensors = {t.name: t for t in header.tensors if t.name.startswith(f"blk.{block}.")}
+    for part in REQUIRED:
+        if f"blk.{block}.{part}.weight" not in tensors:
+            raise _refuse(header.path, f"block {block} has no {part} tensor (blk.{block}.{part}.weight)")
     for part, shape in wanted.items():
         t = tensors.get(f"blk.{block}.{part}.weight")
         if t is not None and None not in shape and t.shape != shape:
@@ -179,7 +187,11 @@ def convert(gguf: str, target: str, name: str) -> str:
     hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+        model, loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
+                                                             output_loading_info=True)
+        if loaded["missing_keys"]:  # they would be random: a model that only looks converted
+            raise ValueError(f"it holds no weights for {len(loaded['missing_keys'])} of the model's parameters "
+                             f"({sorted(loaded['missing_keys'])[0]}, ...)")
     except Exception as e:  # noqa: BLE001 - transformers' refusal (an architecture it cannot read), any type
         raise ModelError(f"{gguf}: transformers cannot read this GGUF ({type(e).__name__}: "
                          f"{(str(e).splitlines() or [''])[0][:200]}); give the model's transformers folder or hub id "

@@ -36,6 +36,7 @@ META = {  # case: metadata changed
     "kv-heads-not-dividing": {"llama.attention.head_count_kv": 3},
     "vocab-size-10": {"llama.vocab_size": 10},
     "block-count-1000": {"llama.block_count": 1000},
+    "block-count-list": {"llama.block_count": [1, 1]},
     "no-vocabulary": {"tokenizer.ggml.tokens": None, "tokenizer.ggml.token_type": None},
 }
 COMMANDS = {
@@ -59,6 +60,9 @@ def _files(folder) -> dict[str, str]:
                                        tensors={"blk.0.ffn_down.weight": np.zeros((HIDDEN, FF // 2), np.float32)})
     out["embedding-rows"] = write_gguf(folder / "embedding-rows.gguf",
                                        tensors={"token_embd.weight": np.zeros((300, HIDDEN), np.float32)})
+    out["missing-attn-k"] = write_gguf(folder / "missing-attn-k.gguf", tensors={"blk.0.attn_k.weight": None})
+    # a tensor the checks do not ask for: transformers would leave the final norm random (its loading info says so)
+    out["missing-output-norm"] = write_gguf(folder / "missing-output-norm.gguf", tensors={"output_norm.weight": None})
     out["truncated"] = truncated(write_gguf(folder / "whole.gguf"), folder / "truncated.gguf")
     for name, blob in BROKEN_HEADERS.items():
         (folder / f"{name}.gguf").write_bytes(blob)
@@ -97,7 +101,8 @@ def results(tmp_path_factory):
     return get
 
 
-CASES = [*TEMPLATES, *META, "attn-q-shape", "ffn-down-shape", "embedding-rows", "truncated", *BROKEN_HEADERS]
+CASES = [*TEMPLATES, *META, "attn-q-shape", "ffn-down-shape", "embedding-rows", "missing-attn-k",
+         "missing-output-norm", "truncated", *BROKEN_HEADERS]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -87,6 +87,9 @@ HOSTILE = {  # template: what the refusal says
     "{{ ns.m|tojson }}": "built a value of more than",  # 2^13 references to one list: 10^8 numbers in print
     "{% set ns = namespace(m=range(9999)|list) %}{% for i in range(13) %}{% set ns.m = [ns.m, ns.m] %}{% endfor %}"
     "{{ ns.m }}": "built a value of more than",
+    "{% set ns = namespace(m=range(9999)|list) %}{% for i in range(13) %}{% set ns.m = [ns.m, ns.m] %}{% endfor %}"
+    "{{ ns }}": "built a value of more than",  # a namespace prints its attributes
+    "{% set d = dict.fromkeys(range(9999), range(9999)|list) %}{{ d.items() }}": "built a value of more than",
     "{{ lipsum(99) }}": "failed",  # lipsum is not there
     "{{ ''.__class__.__mro__ }}": "sandbox forbids: reads '__class__' of a str",
     "{{ ''.__class__ }}": "sandbox forbids",  # refused although it would render as empty text

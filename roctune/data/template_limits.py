@@ -26,6 +26,7 @@ import contextvars
 import json
 import re
 import time
+from collections.abc import ItemsView, KeysView, Mapping, ValuesView
 from functools import lru_cache
 from typing import Any
 
@@ -103,13 +104,16 @@ def _printed(value: Any, limit: int = MAX_OUTPUT) -> int:
             v = stack.pop()
             if isinstance(v, str):
                 n += len(v) + 4
-            elif isinstance(v, dict):
+            elif isinstance(v, Mapping):
                 n += 2 + 2 * len(v)
                 stack.extend(v.keys())
                 stack.extend(v.values())
-            elif isinstance(v, (list, tuple, set, frozenset)):
+            elif isinstance(v, (list, tuple, set, frozenset, KeysView, ValuesView, ItemsView)):
                 n += 2 + 2 * len(v)
                 stack.extend(v)
+            elif isinstance(v, _namespace()):  # a namespace prints its attributes
+                n += 16
+                stack.append(object.__getattribute__(v, "_Namespace__attrs"))
             else:
                 n += 24
             if n > limit:
@@ -117,6 +121,13 @@ def _printed(value: Any, limit: int = MAX_OUTPUT) -> int:
     if n > limit:
         raise _Limit(f"built a value of more than {limit:,} characters")
     return n
+
+
+@lru_cache(maxsize=1)
+def _namespace() -> type:
+    from jinja2.utils import Namespace
+
+    return Namespace
 
 
 def _int_args(args, kwargs) -> None:
