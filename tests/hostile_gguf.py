@@ -205,6 +205,7 @@ if __name__ == "__main__":  # the driver run_cases starts
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     import roctune.cli  # noqa: F401
+    import roctune.serve  # noqa: F401 - fastapi, uvicorn
 
     limit = float(sys.argv[1])
     results = {c["name"]: _run_one(c, limit) for c in json.load(sys.stdin)}

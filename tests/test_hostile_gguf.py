@@ -77,28 +77,22 @@ def _snapshot(root) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """results(command) -> {case: (its run, (working folder, home, file, the folder before))}: every case under
-    `command`, run on first use (one driver process; well under a second a case)."""
+    """{(case, command): (its run, (working folder, home, file, the folder before))}: every case under every
+    command, run once by one driver process (well under a second a case)."""
     root = tmp_path_factory.mktemp("hostile-gguf")
     (root / "files").mkdir()
-    files, done = _files(root / "files"), {}
-
-    def get(command: str) -> dict:
-        if command not in done:
-            cases, folders = [], {}
-            for case, path in files.items():
-                cwd, home = root / command / case / "w", root / command / case / "home"
-                cwd.mkdir(parents=True)
-                home.mkdir()
-                (cwd / "d.jsonl").write_text(json.dumps({"instruction": "Say hi.", "output": "Hi."}) + "\n")
-                folders[case] = (cwd, home, path, _snapshot(cwd))
-                cases.append({"name": case, "cwd": str(cwd), "home": str(home),
-                              "argv": [a.replace("{file}", path) for a in COMMANDS[command]]})
-            ran = run_cases(cases, TIMEOUT)
-            done[command] = {case: (ran[case], folders[case]) for case in files}
-        return done[command]
-
-    return get
+    cases, folders = [], {}
+    for case, path in _files(root / "files").items():
+        for command, argv in COMMANDS.items():
+            cwd, home = root / command / case / "w", root / command / case / "home"
+            cwd.mkdir(parents=True)
+            home.mkdir()
+            (cwd / "d.jsonl").write_text(json.dumps({"instruction": "Say hi.", "output": "Hi."}) + "\n")
+            folders[f"{case}/{command}"] = (cwd, home, path, _snapshot(cwd))
+            cases.append({"name": f"{case}/{command}", "cwd": str(cwd), "home": str(home),
+                          "argv": [a.replace("{file}", path) for a in argv]})
+    ran = run_cases(cases, TIMEOUT)
+    return {name: (ran[name], folders[name]) for name in folders}
 
 
 CASES = [*TEMPLATES, *META, "attn-q-shape", "ffn-down-shape", "embedding-rows", "missing-attn-k",
@@ -108,7 +102,7 @@ CASES = [*TEMPLATES, *META, "attn-q-shape", "ffn-down-shape", "embedding-rows", 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("case", CASES)
 def test_hostile_gguf_is_refused_in_one_line(results, case, command):
-    r, (cwd, home, path, before) = results(command)[case]
+    r, (cwd, home, path, before) = results[f"{case}/{command}"]
     assert r["rc"] is not None, f"{case}: still running after {TIMEOUT} s (a hang)"
     assert "Traceback" not in r["err"], r["err"][-3000:]
     lines = r["err"].strip().splitlines()
