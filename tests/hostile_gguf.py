@@ -125,28 +125,135 @@ def truncated(path, out) -> str:
     return str(out)
 
 
+# ---------------------------------------------------------------------------------------- the cases
+MARKER = "PWNED"
+NESTED = "{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}" + CHATML
+HUGE = "{% for a in range(99999) %}{{ 'x' * 99999 }}{% endfor %}" + CHATML
+TEMPLATES = {  # case: the GGUF's chat template
+    "template-nested-loops": NESTED,
+    "template-huge-output": HUGE,
+    "template-doubling": "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                         "{% endfor %}" + CHATML,
+    "template-raises": "{{ raise_exception('this template refuses every conversation') }}",
+    "template-mro": "{{ ''.__class__.__mro__[1].__subclasses__() }}" + CHATML,
+    "template-globals": "{{ cycler.__init__.__globals__.os.system('touch " + MARKER + "') }}" + CHATML,
+    "template-self": "{{ self._TemplateReference__context.environment }}" + CHATML,
+    "template-syntax": "{% for m in messages %}{{ m['content'] }",
+}
+META = {  # case: metadata changed
+    "bos-past-vocab": {"tokenizer.ggml.bos_token_id": 100000},
+    "eos-past-vocab": {"tokenizer.ggml.eos_token_id": 2 ** 31},
+    "zero-heads": {"llama.attention.head_count": 0},
+    "kv-heads-not-dividing": {"llama.attention.head_count_kv": 3},
+    "vocab-size-10": {"llama.vocab_size": 10},
+    "block-count-1000": {"llama.block_count": 1000},
+    "block-count-list": {"llama.block_count": [1, 1]},
+    "no-vocabulary": {"tokenizer.ggml.tokens": None, "tokenizer.ggml.token_type": None},
+}
+COMMANDS = {
+    "preview": ["data", "preview", "d.jsonl", "--model", "{file}"],
+    "train": ["train", "--model", "{file}", "--data", "d.jsonl", "--output", "run", "--max-steps", "1"],
+    "serve": ["serve", "--model", "{file}", "--port", "0"],
+}
+SHAPES = ("attn-q-shape", "ffn-down-shape", "embedding-rows", "missing-attn-k", "missing-output-norm")
+CLASSES = {  # the issue's classes: {class: its cases}
+    "GGUF header": ("truncated", *BROKEN_HEADERS),
+    "GGUF metadata": (*META, *SHAPES),
+    "template attacks": tuple(TEMPLATES),
+}
+CASES = [case for cases in CLASSES.values() for case in cases]
+
+
+def case_files(folder) -> dict[str, str]:
+    """{case: path of its hostile file}, written into `folder`."""
+    out = {}
+    for name, template in TEMPLATES.items():
+        out[name] = write_gguf(folder / f"{name}.gguf", template=template)
+    for name, meta in META.items():
+        out[name] = write_gguf(folder / f"{name}.gguf", meta=meta)
+    out["attn-q-shape"] = write_gguf(folder / "attn-q-shape.gguf",
+                                     tensors={"blk.0.attn_q.weight": np.zeros((HIDDEN * 2, HIDDEN), np.float32)})
+    out["ffn-down-shape"] = write_gguf(folder / "ffn-down-shape.gguf",
+                                       tensors={"blk.0.ffn_down.weight": np.zeros((HIDDEN, FF // 2), np.float32)})
+    out["embedding-rows"] = write_gguf(folder / "embedding-rows.gguf",
+                                       tensors={"token_embd.weight": np.zeros((300, HIDDEN), np.float32)})
+    out["missing-attn-k"] = write_gguf(folder / "missing-attn-k.gguf", tensors={"blk.0.attn_k.weight": None})
+    # a tensor the checks do not ask for: transformers would leave the final norm random (its loading info says so)
+    out["missing-output-norm"] = write_gguf(folder / "missing-output-norm.gguf", tensors={"output_norm.weight": None})
+    out["truncated"] = truncated(write_gguf(folder / "whole.gguf"), folder / "truncated.gguf")
+    for name, blob in BROKEN_HEADERS.items():
+        (folder / f"{name}.gguf").write_bytes(blob)
+        out[name] = str(folder / f"{name}.gguf")
+    return out
+
+
+def snapshot(root) -> dict[str, int]:
+    import os
+
+    return {os.path.relpath(os.path.join(d, f), root): os.path.getsize(os.path.join(d, f))
+            for d, _, files in os.walk(root) for f in files}
+
+
+def prepare(root) -> tuple[list[dict], dict]:
+    """(the cases for run_cases, {"case/command": (working folder, home, file, the folder's files before)}):
+    every case under every command, each in a working folder and a $ROCTUNE_HOME of its own under `root`."""
+    import json
+
+    (root / "files").mkdir()
+    cases, folders = [], {}
+    for case, path in case_files(root / "files").items():
+        for command, argv in COMMANDS.items():
+            cwd, home = root / command / case / "w", root / command / case / "home"
+            cwd.mkdir(parents=True)
+            home.mkdir()
+            (cwd / "d.jsonl").write_text(json.dumps({"instruction": "Say hi.", "output": "Hi."}) + "\n")
+            folders[f"{case}/{command}"] = (cwd, home, path, snapshot(cwd))
+            cases.append({"name": f"{case}/{command}", "cwd": str(cwd), "home": str(home),
+                          "argv": [a.replace("{file}", path) for a in argv]})
+    return cases, folders
+
+
+def problem(r: dict, folders: tuple, timeout: float) -> str | None:
+    """What is not clean about a case's run (None: refused in one line naming the file, exit 2, nothing written,
+    no code run)."""
+    import os
+
+    cwd, home, path, before = folders
+    lines = r["err"].strip().splitlines()
+    checks = ((r["rc"] is None, f"still running after {timeout} s (a hang)"),
+              ("Traceback" in r["err"], "a traceback: " + r["err"][-3000:]),
+              (r["rc"] != 2 or len(lines) != 1, f"exit {r['rc']}, {len(lines)} lines: " + r["err"][-3000:]),
+              (bool(lines) and (path not in lines[0] or ": error: " not in lines[0]), f"not naming the file: {lines}"),
+              (os.path.exists(home / "models"), "wrote under $ROCTUNE_HOME/models"),
+              (snapshot(cwd) != before, "wrote in the working folder"),
+              ((cwd / MARKER).exists(), "ran the template's code"))
+    return next((why for bad, why in checks if bad), None)
+
+
 # ---------------------------------------------------------------------------------------- running the CLI
 # Every case runs `roctune ...` in a process of its own, forked from one driver process that imported roctune,
 # torch and transformers once (a fresh interpreter per case would spend ~5 s importing); a case that does not end
 # within the timeout is killed and reported as a hang. (Forked before any torch op ran: no OpenMP pool to inherit.)
-def run_cases(cases: list[dict], timeout: float) -> dict[str, dict]:
+def run_cases(cases: list[dict], timeout: float, roctune: str | None = None, memory_gib: float = 0) -> dict[str, dict]:
     """{name: {"rc", "err", "out", "seconds"}} for cases {"name", "argv", "cwd", "home"}; rc None: killed after
-    `timeout` seconds."""
+    `timeout` seconds. `roctune`: the checkout whose roctune runs (default this one); `memory_gib`: address space a
+    case may add to the driver's (0: no limit; scripts/hostile_gguf_counts.py runs code without the checks)."""
     import json
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), os.environ.get("PYTHONPATH")) if p))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), str(timeout)], input=json.dumps(cases),
+    roctune = roctune or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (roctune, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), str(timeout), str(memory_gib)],
+                       input=json.dumps(cases),
                        capture_output=True, text=True, env=env, timeout=timeout * len(cases) + 300)
     if r.returncode:
         raise RuntimeError(f"the case driver failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.splitlines()[-1])
 
 
-def _run_one(case: dict, timeout: float) -> dict:
+def _run_one(case: dict, timeout: float, memory_gib: float) -> dict:
     import os
     import signal
     import sys
@@ -157,6 +264,13 @@ def _run_one(case: dict, timeout: float) -> dict:
     pid = os.fork()
     if pid == 0:  # the child: roctune's CLI in the case's folder and home, its output into two files
         try:
+            if memory_gib:
+                import resource
+
+                with open("/proc/self/statm") as f:
+                    size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+                limit = size + int(memory_gib * 2 ** 30)
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             os.chdir(case["cwd"])
             os.environ["ROCTUNE_HOME"] = case["home"]
             for fd, path in ((1, out), (2, err)):
@@ -207,6 +321,6 @@ if __name__ == "__main__":  # the driver run_cases starts
     import roctune.cli  # noqa: F401
     import roctune.serve  # noqa: F401 - fastapi, uvicorn
 
-    limit = float(sys.argv[1])
-    results = {c["name"]: _run_one(c, limit) for c in json.load(sys.stdin)}
+    limit, memory = float(sys.argv[1]), float(sys.argv[2])
+    results = {c["name"]: _run_one(c, limit, memory) for c in json.load(sys.stdin)}
     print(json.dumps(results))
