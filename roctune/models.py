@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
 from roctune.errors import ModelError
+from roctune.gguf_model import SOURCE_FILE, complete, convert, gguf_source  # noqa: F401 - callers import them here
 from roctune.hub.store import PULLING, pulled_dir, roctune_home, split_hub  # noqa: F401 - roctune_home: for callers
 
 DEFAULT_MODEL, DEFAULT_HUB_ID = "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -38,84 +37,20 @@ def default_model_dir() -> str:
     """The bundled model as a normal safetensors directory, converted from GGUF on first use (once converted, the
     package is not needed)."""
     target = os.path.join(roctune_home(), "models", DEFAULT_MODEL)
-    return target if _complete(target) else _converted(_gguf_path(), target, DEFAULT_MODEL)
-
-
-# Written into a folder converted from a GGUF file: where it came from, so that export can offer the LoRA GGUF as
-# the way back onto that same file.
-SOURCE_FILE = "roctune_gguf_source.json"
+    return target if complete(target) else convert(_gguf_path(), target, DEFAULT_MODEL)
 
 
 def gguf_model_dir(path: str) -> str:
     """A GGUF file (an Ollama or llama.cpp model on disk) as a safetensors directory under $ROCTUNE_HOME/models,
-    converted once (by transformers' GGUF reader: weights dequantized, tokenizer and chat template from the file).
-    The folder's name carries the file's name, size and time, so a changed file is converted again."""
+    converted once after its header passed the border checks (roctune.gguf_model). The folder's name carries the
+    file's name, size and time, so a changed file is converted again."""
     import hashlib
 
     path = os.path.abspath(path)
     st = os.stat(path)
     tag = hashlib.sha256(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
     stem = os.path.splitext(os.path.basename(path))[0]
-    return _converted(path, os.path.join(roctune_home(), "models", f"{stem}-{tag}"), stem)
-
-
-def gguf_source(model_dir: str | None) -> str | None:
-    """The GGUF file a model folder was converted from (gguf_model_dir), when it was."""
-    import json
-
-    try:
-        with open(os.path.join(model_dir or "", SOURCE_FILE), encoding="utf-8") as f:
-            return json.load(f).get("gguf")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _complete(target: str) -> bool:
-    return os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors"))
-
-
-def _converted(gguf: str, target: str, name: str) -> str:
-    """`gguf` converted into the safetensors folder `target` (once; an existing complete folder is reused)."""
-    if _complete(target):
-        return target
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    import json
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    folder, file = os.path.split(gguf)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
-    except (ValueError, KeyError, OSError) as e:  # transformers' own refusal (an architecture it cannot read)
-        raise ModelError(f"{gguf}: transformers cannot read this GGUF ({str(e).splitlines()[0][:200]}); give the "
-                         "model's transformers folder or hub id instead") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
-    if hasattr(model.config, "quantization_config"):  # dequantized to fp32 on load: save as plain safetensors
-        del model.config.quantization_config
-    model.hf_quantizer = None
-    model.config._name_or_path = name
-    tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(target))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, SOURCE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"gguf": gguf}, f)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process finished first
-            if not os.path.isfile(os.path.join(target, "model.safetensors")):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return convert(path, os.path.join(roctune_home(), "models", f"{stem}-{tag}"), stem)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -226,14 +161,32 @@ def load_tokenizer(path: str | None, trust_remote_code: bool = False, template: 
 def ready_tokenizer(tok, path: str, template: str | None = None):
     """`tok` (the model's at `path`, or its processor's) with its chat template chosen (roctune.data.templates)
     and a pad token."""
+    from roctune.data.render import check_template
     from roctune.data.templates import apply_template
 
     family, tied = _family(path)
     _family_pad(tok, family)
     apply_template(tok, template, family, tied)
+    tok.roctune_template_source = _template_source(path, template, tok)
+    check_template(tok)  # a template that hangs, floods or fails is refused here, before a model is loaded
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token  # the EOS pads where nothing better is known
     return tok
+
+
+def _template_source(path: str, requested: str | None, tokenizer) -> str:
+    """Where the chat template came from, for messages: --template, one of roctune's rows, the GGUF file the
+    folder was converted from, or the folder's file that holds it."""
+    from roctune.data.templates import template_of
+
+    row = template_of(tokenizer)
+    if requested or row:
+        return f"--template {requested}" if requested else f"roctune's template {row.name}"
+    converted = gguf_source(path)
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if os.path.isfile(os.path.join(path, name)):
+            return os.path.join(path, name) + (f" (converted from {converted})" if converted else "")
+    return path
 
 
 def _family(path: str):  # (its family, whether its embedding is tied to the output layer)

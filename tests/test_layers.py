@@ -13,7 +13,7 @@ LAYERS = [  # top first
     ("recipes", ["recipes"]),
     ("inference: generation, merge, export, evaluation", ["generate", "decoding", "merge", "export", "eval", "agents"]),
     ("training engine", ["training"]),
-    ("models", ["models", "hub", "methods", "memory", "vision"]),
+    ("models", ["models", "hub", "methods", "memory", "vision", "gguf_header", "gguf_model"]),
     ("data formats", ["data"]),
     ("run directory and settings", ["rundir", "config"]),
     ("hardware, model-family, catalog, stage and method facts", ["hardware", "families", "catalog", "stages",

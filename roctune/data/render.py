@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from roctune.data.answer_format import (THINK_RE, fallback_tools_prompt, probe_conversation, render_fallback_calls,
                                         tool_format_of)
 from roctune.data import parts as message_parts
-from roctune.data import templates
+from roctune.data import template_limits, templates
 from roctune.data.formats import parse_tool_calls
 from roctune.data.images import content_parts
+from roctune.data.template_limits import TemplateFailed
 from roctune.errors import DataError
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ def template_traits(tokenizer) -> TemplateTraits:
     user, answer = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}
     try:
         system_role = "SYSTEM-PROBE" in _render(tokenizer, [{"role": "system", "content": "SYSTEM-PROBE"}, user], True)
-    except Exception:  # noqa: BLE001 - jinja's raise_exception, or a template error: no system turns
+    except Exception as e:  # noqa: BLE001 - jinja's raise_exception, or a template error: no system turns
+        _reraise_unless_refusal(e)
         system_role = False
     end_suffix = ""
     try:
@@ -177,8 +179,8 @@ def template_traits(tokenizer) -> TemplateTraits:
                 if tail and alone.endswith(tail) and followed.startswith(alone[:-len(tail)]):
                     end_suffix = tail
                     break
-    except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
-        pass
+    except Exception as e:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
+        _reraise_unless_refusal(e)
     traits = TemplateTraits(system_role, end_suffix, _drops_reasoning(tokenizer, tpl))
     try:
         tokenizer._roctune_traits = (tpl, traits)
@@ -195,7 +197,8 @@ def _drops_reasoning(tokenizer, tpl: str) -> bool:
     for messages in ([user, answer], [user, answer, user]):
         try:
             text = _render(tokenizer, _reasoning(messages, "reasoning_content" in tpl, RenderOptions()), False)
-        except Exception:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
+        except Exception as e:  # noqa: BLE001 - a template that cannot render the probe reports itself on real data
+            _reraise_unless_refusal(e)
             return False
         if "ANSWER-PROBE" in text and "REASONING-PROBE" not in text:
             return True
@@ -235,19 +238,44 @@ def prepare_messages(tokenizer, messages: list[dict], tools: list[dict] | None =
     return messages, tools or None
 
 
-def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The chat template applied as roctune renders every conversation (a vision model's tokenizer takes content
-    parts), for callers that render messages of their own (the Modelfile's probes)."""
-    return _render(tokenizer, messages, add_generation_prompt)
+def _reraise_unless_refusal(e: Exception) -> None:
+    """A probe's failure is an answer (this template refuses system turns) only when the template itself refused
+    the probe; a template past a limit, or outside the sandbox, is refused whatever it renders."""
+    if isinstance(e, TemplateFailed) and e.kind != "error":
+        raise e
 
 
-def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
-    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+def template_source(tokenizer) -> str:
+    """Where the tokenizer's chat template came from, for messages: the file (a model folder's, a GGUF's) or the
+    --template row (models.load_tokenizer records it)."""
+    return getattr(tokenizer, "roctune_template_source", None) or getattr(tokenizer, "name_or_path", "") or \
+        "this tokenizer"
+
+
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    """The chat template's text for `messages` as it stands (no fallback formats, no system folding): what
+    tokenizer.apply_chat_template(tokenize=False) gives, within template_limits' limits (a vision model's tokenizer
+    takes content parts), for callers that render messages of their own (the Modelfile's probes)."""
+    return _render(tokenizer, messages, add_generation_prompt, tools)
+
+
+def check_template(tokenizer) -> None:
+    """The tokenizer's chat template tried once before it is used (models.load_tokenizer): it renders the smallest
+    conversations within template_limits' limits, or one line names where it came from."""
+    for messages in template_limits.PROBES:
+        _render(tokenizer, messages, len(messages) == 1)
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None, where: str = "") -> str:
+    """The chat template run on `messages` (as tokenizer.apply_chat_template(tokenize=False) runs it) within the
+    limits of template_limits; a failure is one line naming the template's source (and the record, `where`)."""
     if getattr(tokenizer, "roctune_content_parts", False):  # a vision model's template takes content parts
         messages = [{**m, "content": content_parts(m["content"])} if isinstance(m.get("content"), str) else m
                     for m in messages]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+    try:
+        return template_limits.render(tokenizer, messages, add_generation_prompt, tools or None)
+    except TemplateFailed as e:
+        raise e.naming(template_source(tokenizer), where) from None
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
@@ -272,7 +300,8 @@ def detect_tool_format(tokenizer) -> str | None:
     try:
         messages, tools = prepare_messages(tokenizer, messages, tools)
         return tool_format_of(_render(tokenizer, messages, False, tools))
-    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to parse
+    except Exception as e:  # noqa: BLE001 - a template that cannot render a call has no format to parse
+        _reraise_unless_refusal(e)
         return None
 
 
@@ -340,8 +369,8 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list[dict] | N
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prompt_text = _render(tokenizer, messages[:i], True, tools)
-        full_text = _render(tokenizer, messages[: i + 1], False, tools)
+        prompt_text = _render(tokenizer, messages[:i], True, tools, where)
+        full_text = _render(tokenizer, messages[: i + 1], False, tools, where)
         if end and full_text.endswith(end):
             full_text = full_text[:-len(end)]  # written after the last message only: context, not the answer
         if not prompt_text.startswith(rendered) or not full_text.startswith(prompt_text):

@@ -173,12 +173,12 @@ def bare_modelfile(gguf_name: str, tok, system: str | None) -> str:
 def best_modelfile(gguf_name: str, tok, log) -> tuple[str, bool]:
     """The Modelfile, best effort: a chat template Ollama's TEMPLATE cannot express leaves it without one (the
     GGUF is still good), and one line says what to do."""
-    from jinja2 import TemplateError
+    from roctune.data.template_limits import TemplateFailed
 
     try:
         return modelfile(gguf_name, tok, None)[0], True
-    except (ConfigError, TemplateError) as e:
-        why = str(e) if isinstance(e, ConfigError) else f"the chat template refuses a probe conversation ({e})"
+    except (ConfigError, TemplateFailed) as e:
+        why = str(e) if isinstance(e, ConfigError) else f"the chat template refuses a probe conversation ({e.reason})"
         log(f"Modelfile without TEMPLATE: {why}; Ollama will guess the template from the GGUF - check `ollama show "
             "--template`, or serve it with `llama-server --jinja`, which runs the template inside the GGUF")
         return bare_modelfile(gguf_name, tok, None), False

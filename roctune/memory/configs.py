@@ -75,44 +75,26 @@ def builtin_model_names() -> list[str]:
 
 
 def _config_from_gguf(path: str) -> dict | None:
-    """The few config fields the estimate needs, from a GGUF file's header (weights stay on disk)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return None
-    try:
-        r = GGUFReader(path)
-    except Exception:
-        return None
+    """The few config fields the estimate needs, from a GGUF file's header (weights stay on disk), after the
+    header passed the border checks (roctune.gguf_model: a hostile file is one line naming it)."""
+    from roctune.gguf_model import check_gguf
 
-    def field_value(key):
-        f = r.fields.get(key)
-        if f is None:
-            return None
-        try:
-            return f.contents()
-        except Exception:
-            return None
-
-    arch = field_value("general.architecture")
-    if not arch:
-        return None
+    r = check_gguf(path)
+    arch = r.get("general.architecture")
     pre = f"{arch}."
-    tok_field = r.fields.get("tokenizer.ggml.tokens")
-    tokens = len(tok_field.data) if tok_field is not None else 0  # count without decoding every token
     names = {t.name for t in r.tensors}
-    heads = field_value(pre + "attention.head_count")
+    heads = r.get(pre + "attention.head_count")
     d = {"model_type": {"qwen2": "qwen2", "llama": "llama"}.get(arch, arch),
-         "hidden_size": field_value(pre + "embedding_length"),
-         "num_hidden_layers": field_value(pre + "block_count"),
+         "hidden_size": r.get(pre + "embedding_length"),
+         "num_hidden_layers": r.get(pre + "block_count"),
          "num_attention_heads": heads,
-         "num_key_value_heads": field_value(pre + "attention.head_count_kv") or heads,
-         "intermediate_size": field_value(pre + "feed_forward_length"),
-         "vocab_size": tokens or field_value(pre + "vocab_size"),
+         "num_key_value_heads": r.get(pre + "attention.head_count_kv") or heads,
+         "intermediate_size": r.get(pre + "feed_forward_length"),
+         "vocab_size": r.count("tokenizer.ggml.tokens") or r.get(pre + "vocab_size"),
          "tie_word_embeddings": "output.weight" not in names,
-         "max_position_embeddings": field_value(pre + "context_length")}
-    if any(d[k] is None for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                  "intermediate_size", "vocab_size")):
+         "max_position_embeddings": r.get(pre + "context_length")}
+    if any(not isinstance(d[k], int) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                               "intermediate_size", "vocab_size")):
         return None
     d["_name"] = os.path.basename(path)
     return d
@@ -184,7 +166,8 @@ def load_config(config: Any) -> dict:
             d = _config_from_gguf(path)
             if d:
                 return d
-            raise ConfigError(f"{name}: cannot read the GGUF header (is the `gguf` package installed?)")
+            raise ConfigError(f"{name}: this GGUF file does not state the sizes the estimate needs (hidden size, "
+                              "layers, heads, feed-forward size, vocabulary)")
         return _read_json(path, name, os.path.basename(os.path.dirname(os.path.abspath(path))) or name)
     d = builtin_config(name)
     if d is None and name.strip().lower() in ("", "default"):

@@ -102,9 +102,17 @@ class Engine:
     # ---- tokenizer: request threads encode (one at a time: a fast tokenizer may not be used by two threads at
     # once); the worker decodes with a copy of its own, so a long prompt being tokenized never stalls decoding
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text (jinja only: needs no lock). The template was tried when the server started, so a
+        failure here is about these messages: HTTP 400 with the template's reason (no server paths)."""
         from roctune.data.render import render_prompt
+        from roctune.data.template_limits import TemplateFailed
+        from roctune.serve.errors import ApiError
 
-        return render_prompt(self.tokenizer, messages, tools)  # jinja only: needs no lock
+        try:
+            return render_prompt(self.tokenizer, messages, tools)
+        except TemplateFailed as e:
+            raise ApiError(400, f"the model's chat template cannot render these messages: it {e.reason}",
+                           code="chat_template_failed", param="messages") from None
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return self.tokenize(self.render_chat(messages, tools))
