@@ -188,10 +188,12 @@ def test_an_empty_quant_or_a_wrong_eval_length_is_one_line(tmp_path):
     ws = Workspace(str(tmp_path))
     on_export = gguf_handler(ws)
     for quant in ("", None, ["q8_0"]):
-        for lang, lead in (("en", "roctune export: error: "), ("zh", "出错：roctune export: error: ")):
-            status = on_export("runs/x", "runs/x-gguf", quant, "", True, False, "gguf", Lang(lang))
-            assert status.startswith(f'<div class="rt-msg rt-error">{lead}--quant '), status
-            assert "choose one of f16, bf16, q8_0" in status and "<br>" not in status
+        for lang, lead in (("en", "error: quant: must be one of f16, bf16, q8_0, "),
+                           ("zh", "出错：量化类型：必须是 f16, bf16, q8_0, ")):
+            status = html.unescape(on_export("runs/x", "runs/x-gguf", quant, "", True, False, "gguf", Lang(lang)))
+            assert status.startswith(f'<div class="rt-msg rt-error">{lead}'), status
+            assert f"(got {quant!r})" in status or f"（当前为 {quant!r}）" in status, status
+            assert "--quant" not in status and "<br>" not in status
     on_eval = eval_handler(ws)
     for max_new, en, zh in (([64], "expected a whole number (got [64])", "应为整数（当前为 [64]）"),
                             (0, "must be > 0 (got 0)", "必须 > 0（当前为 0）"), ("", "expected a whole number", "应为整数")):

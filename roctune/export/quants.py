@@ -89,7 +89,8 @@ def check(quant: str) -> Quant:
         what = "--quant is empty" if empty else f"--quant {quant}: unknown"
         raise ConfigError(f"{what}; choose one of {', '.join(written_by(ROCTUNE))} (written by "
                           f"roctune) or {', '.join(written_by(LLAMA_CPP))} (llama.cpp's quantizer: pip install "
-                          "'roctune[gguf]')")
+                          "'roctune[gguf]')", key="choice", field="quant", choices=", ".join(NAMES),
+                          got=repr(quant))  # the web UI says it in its language at the quant box
     if row.writer == LLAMA_CPP and quantizer_problem():
         raise EnvironmentProblem(quantizer_problem())
     return row
