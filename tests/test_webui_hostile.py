@@ -334,7 +334,9 @@ def test_fuzz_every_field_gives_exactly_its_setting_or_one_line(stage, spawns, t
                     assert got[name] == _expected(spec, value, ws, base[name]), (name, value, got[name])
                 assert got["reward_file"] == [] and got["trust_remote_code"] is False
             started += 1
-    assert started > 50 and refused > 50  # both ways were exercised
+    # both ways were exercised (41 starts for sft and dpo since module, template and column names are checked
+    # as names and no text holds a control character; 50+ before)
+    assert started > 30 and refused > 50
     assert TrainConfig().reward_file == []
 
 
