@@ -26,6 +26,7 @@ ALLOWED = {
     "rejected", "DIR", "PATH", "W", "N", "TYPE", "NF4", "all", "all-linear", "mlp", "self_attn", "norm", "epsilon",
     "gamma", "DAPO", "vLLM", "name", "English", "LLaMA-Factory", "bitsandbytes", "chatml", "gemma", "mistral",
     "dynamic", "yarn",  # names of tools, chat templates and RoPE types in help texts
+    "GB", "ModelScope", "qwen-research",  # the Models panel: a unit, a hub's name, a model's licence
     "tiny", "no-such-model",  # the test's own model names
 }
 
@@ -110,6 +111,10 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         assert not page.locator("#rt-doctor details").count()  # nothing folded away as English
         assert_chinese(page, "doctor")
         _shot(page, tmp_path, "zh-first-visit", full_page=False)
+
+        page.get_by_role("tab", name="模型").click()  # the catalog: sizes, licences and hubs are names
+        expect(page.locator("#rt-models-table")).to_be_visible()
+        assert_chinese(page, "models")
 
         # data: preview and check; a max length that cuts examples is a warning
         page.get_by_role("tab", name="数据").click()
