@@ -171,6 +171,14 @@ def test_unknown_quant_one_error_nothing_written(tmp_path, tiny_model_dir, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--quant q3_x: unknown; choose one of f16, bf16, q8_0" in err[0], err
     assert not out.exists()
+    for empty in ("", "  "):  # an unset shell variable (--quant "$Q"): said, never the default q8_0
+        for fmt in ("gguf", "lora-gguf"):
+            assert main(["export", "--adapter", tiny_model_dir, "--output", str(out), "--quant", empty,
+                         "--format", fmt]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert err == ["roctune export: error: --quant is empty; choose one of f16, bf16, q8_0 (written by "
+                           "roctune) or " + err[0].split(" or ", 1)[1]], err
+            assert not out.exists()
 
 
 def test_kquant_without_llama_cpp_explains(tmp_path, tiny_model_dir, monkeypatch):

@@ -137,8 +137,9 @@ def _only_config_flag(call: dict, root) -> str:
 
 # ----------------------------------------------------------------------- the four chains over the HTTP API
 def test_list_words_never_become_flags(api, spawns):
-    """Chain 1: target modules `q_proj --reward-file=ROOT/rw.py` and `q_proj --trust-remote-code` stay module
-    names in the settings file; the trainer gets no reward file and no remote code."""
+    """Chain 1: target modules `q_proj --reward-file=ROOT/rw.py` and `q_proj --trust-remote-code` never become
+    flags: such a word is not a module name, so Start refuses it in one line naming the field (settings
+    validation, as `roctune train` refuses it) and nothing is spawned; module names start the run as typed."""
     client, app, root = api
     (root / "rw.py").write_text(PLANT)
     for words in (f"q_proj --reward-file={root / 'rw.py'}", "q_proj --trust-remote-code",
@@ -147,12 +148,16 @@ def test_list_words_never_become_flags(api, spawns):
         args = _start_args(client, {"data": ["d.jsonl"], "output": "runs/x", "max_steps": 1,
                                     "target_modules": words})
         status = html.unescape(client.predict(*args, api_name="/on_start")[0])
-        assert "started: roctune train --config " in status, status
-        path = _only_config_flag(spawns[-1], root)
-        cfg = _child_config(spawns[-1]["argv"])
-        assert cfg.target_modules == words.replace(",", " ").split()  # names, exactly as typed
-        assert cfg.reward_file == [] and cfg.trust_remote_code is False and cfg.stage == "sft"
-        assert "reward_file" not in open(path).read() and "trust_remote_code" not in open(path).read()
+        flag = words.replace(",", " ").split()[1]
+        assert f"error: target modules: {flag!r} is not a name (letters, digits and _ . - only" in status, status
+        assert not spawns and not (root / "runs").exists()
+    app._roctune_state["job"] = None
+    args = _start_args(client, {"data": ["d.jsonl"], "output": "runs/x", "max_steps": 1,
+                                "target_modules": "q_proj, v_proj model.layers.0.mlp.up_proj"})
+    assert "started: roctune train --config " in html.unescape(client.predict(*args, api_name="/on_start")[0])
+    cfg = _child_config(spawns[-1]["argv"])
+    assert cfg.target_modules == ["q_proj", "v_proj", "model.layers.0.mlp.up_proj"]  # names, exactly as typed
+    assert cfg.reward_file == [] and cfg.trust_remote_code is False and cfg.stage == "sft"
     assert not list(root.rglob(MARKER))
 
 
@@ -329,7 +334,9 @@ def test_fuzz_every_field_gives_exactly_its_setting_or_one_line(stage, spawns, t
                     assert got[name] == _expected(spec, value, ws, base[name]), (name, value, got[name])
                 assert got["reward_file"] == [] and got["trust_remote_code"] is False
             started += 1
-    assert started > 50 and refused > 50  # both ways were exercised
+    # both ways were exercised (41 starts for sft and dpo since module, template and column names are checked
+    # as names and no text holds a control character; 50+ before)
+    assert started > 30 and refused > 50
     assert TrainConfig().reward_file == []
 
 

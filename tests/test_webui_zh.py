@@ -1,6 +1,7 @@
 """The page for a Chinese newcomer, in a real browser (Playwright + Debian's chromium) with a zh-CN locale: it opens
 in Chinese without being asked, and no panel it walks through shows an English word outside an allow-list (paths,
-numbers, model ids, units, names of things such as LoRA or GGUF). Also: an error in the form's words at its field,
+numbers, model ids, units, names of things such as LoRA or GGUF), the doctor's findings and the PII types included.
+Also: errors in the form's words at their field (a bad number, a flag among module names),
 a second Start refused with the running job named until dismissed, Start disabled for a model that does not exist,
 and a reload that shows the workspace's last run and fills Eval and Export from it."""
 from __future__ import annotations
@@ -25,6 +26,7 @@ ALLOWED = {
     "rejected", "DIR", "PATH", "W", "N", "TYPE", "NF4", "all", "all-linear", "mlp", "self_attn", "norm", "epsilon",
     "gamma", "DAPO", "vLLM", "name", "English", "LLaMA-Factory", "bitsandbytes", "chatml", "gemma", "mistral",
     "dynamic", "yarn",  # names of tools, chat templates and RoPE types in help texts
+    "GB", "ModelScope", "qwen-research",  # the Models panel: a unit, a hub's name, a model's licence
     "tiny", "no-such-model",  # the test's own model names
 }
 
@@ -64,15 +66,20 @@ VISIBLE_TEXT = """(skip) => {
 
 
 def english_words(page) -> list[str]:
-    """The visible ASCII words of the page not in ALLOWED; paths, numbers, model ids and flags-with-values are not
-    words (a token holding a digit, a slash, a dot, an underscore or a colon is a name or a value)."""
+    """The visible ASCII words of the page not in ALLOWED (`words_of`)."""
+    return words_of(page.evaluate(VISIBLE_TEXT, f"{GRADIO_OWN}, {DATA_TEXT}"))
+
+
+def words_of(texts, allowed: set[str] = frozenset()) -> list[str]:
+    """The ASCII words of `texts` not in ALLOWED (nor `allowed`); paths, numbers, model ids and flags-with-values
+    are not words (a token holding a digit, a slash, a dot, an underscore or a colon is a name or a value)."""
     found = []
-    for text in page.evaluate(VISIBLE_TEXT, f"{GRADIO_OWN}, {DATA_TEXT}"):
+    for text in texts:
         for token in re.split(r"[\s，。；：（）、“”！？,;()<>\[\]{}|=]+", text):
             if not token or re.search(r"[\d/._:@~\\]", token) or not re.search("[A-Za-z]", token):
                 continue
             for word in re.findall(r"[A-Za-z][A-Za-z'-]*", token):
-                if word not in ALLOWED and word.strip("-'") not in ALLOWED:
+                if not {word, word.strip("-'")} & (ALLOWED | allowed):
                     found.append(word)
     return sorted(set(found))
 
@@ -100,8 +107,14 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         # first visit: the browser's language, nobody clicked 中文
         expect(page.get_by_role("tab", name="训练")).to_be_visible()
         expect(page.locator("#rt-verdict")).to_have_text(re.compile("^(正常|警告|失败)$"))
+        expect(page.locator("#rt-doctor")).to_contain_text("训练使用")  # the findings themselves, in Chinese
+        assert not page.locator("#rt-doctor details").count()  # nothing folded away as English
         assert_chinese(page, "doctor")
         _shot(page, tmp_path, "zh-first-visit", full_page=False)
+
+        page.get_by_role("tab", name="模型").click()  # the catalog: sizes, licences and hubs are names
+        expect(page.locator("#rt-models-table")).to_be_visible()
+        assert_chinese(page, "models")
 
         # data: preview and check; a max length that cuts examples is a warning
         page.get_by_role("tab", name="数据").click()
@@ -118,6 +131,8 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         expect(page.locator("#rt-check-out")).to_contain_text("8 条有效")
         expect(page.locator("#rt-truncated")).to_have_class(re.compile("rt-warn"))
         expect(page.locator("#rt-truncated")).to_contain_text("最大长度 8 会截断 8 条样本")
+        page.get_by_text("隐私脱敏").click()  # the PII scrub's types, labelled in Chinese
+        expect(page.locator("#rt-scrub-types")).to_contain_text("身份证号")
         assert_chinese(page, "data")
         page.locator("#rt-use-data").click()
 
@@ -143,6 +158,13 @@ def test_chinese_newcomer_walk(server, browser, tmp_path, tiny_model_dir):
         assert "--" not in notice.inner_text()
         assert_chinese(page, "train form with an error")
         _shot(page, tmp_path, "zh-train-error", full_page=False)
+        _field(page, "rt-train-max-length").fill("64")
+        _field(page, "rt-train-target-modules").fill("q_proj --reward-file=rw.py")  # a flag among module names
+        _field(page, "rt-train-target-modules").press("Tab")
+        page.locator("#rt-start").click()
+        expect(notice).to_contain_text("出错：目标模块：'--reward-file=rw.py' 不是名称")
+        expect(page.locator("#rt-train-target-modules")).to_have_class(re.compile("rt-bad"))
+        _field(page, "rt-train-target-modules").fill("auto")
 
         # a short run; a second Start is refused, naming the running job, and stays until dismissed
         for elem, value in (("rt-train-max-length", "64"), ("rt-train-max-steps", "6"), ("rt-train-batch-size", "2"),

@@ -31,12 +31,14 @@ def run(args) -> int:
     from roctune.errors import ConfigError
     from roctune.export import FORMATS, export
 
+    if args.quant is not None and not args.quant.strip():  # `--quant ''` (an unset variable): said, not the default
+        quants.check(args.quant)
     if args.quant is not None and args.format in FORMATS and not FORMATS[args.format].quant:  # said, not dropped
         takes = [f.name for f in ROWS if f.quant]
         raise ConfigError(f"--quant {args.quant}: --format {args.format} is written in f32 (llama.cpp applies it to a "
                           f"base GGUF of any type); drop --quant, or export the merged model: --format {takes[0]} "
                           f"--quant {args.quant}")
-    export(args.adapter, args.output, quant=args.quant or quants.DEFAULT, name=args.name, fmt=args.format,
-           verify=not args.no_verify, overwrite=args.overwrite, embedding_type=args.embedding_type,
-           output_type=args.output_type)
+    quant = quants.DEFAULT if args.quant is None else args.quant
+    export(args.adapter, args.output, quant=quant, name=args.name, fmt=args.format, verify=not args.no_verify,
+           overwrite=args.overwrite, embedding_type=args.embedding_type, output_type=args.output_type)
     return 0

@@ -16,6 +16,9 @@ def register(sub) -> None:
                    help="where new runs go by default, inside --root (default runs)")
     p.add_argument("--auth", metavar="USER:PASS", help="login for the page and its API")
     p.add_argument("--auth-file", metavar="FILE", help="file whose first line is USER:PASS (kept out of `ps`)")
+    p.add_argument("--lang", metavar="CODE",
+                   help="the page's language, en or zh, for a browser that has not picked one on the page (default: "
+                        "the browser's own language, else English)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="let training started from the page run a model's own Python code (auto_map); off by "
                         "default, since anyone who reaches the page could then run code as you")
@@ -28,13 +31,15 @@ def run(args) -> int:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from roctune.errors import ConfigError
     from roctune.webui import Workspace, check_host, launch, read_auth
+    from roctune.webui.i18n import check_lang
 
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535 (got {args.port})")
+    check_lang(args.lang)
     auth = read_auth(args.auth, args.auth_file)
     check_host(args.host, auth)
     ws = Workspace(args.root)
     print(f"roctune webui: serving {ws.root} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     launch(args.host, args.port, run_root=args.runs, block=True, root=ws.root, auth=auth,
-           trust_remote_code=args.trust_remote_code)
+           trust_remote_code=args.trust_remote_code, lang=args.lang)
     return 0

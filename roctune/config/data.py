@@ -36,7 +36,7 @@ class DataSettings:
     # ---- chat template (roctune/data/templates.py holds the rows and checks the name before a model loads)
     template: str | None = setting(None, "chat template by name (chatml, llama3, qwen2.5, qwen3, gemma, mistral, phi3, "
                                    "deepseek-r1, ...) for a model without one, or to override its own; default: the "
-                                   "model's own, else its family's", metavar="NAME", group="data",
+                                   "model's own, else its family's", metavar="NAME", shape="name", group="data",
                 zh=("对话模板", "按名称选择对话模板（chatml、llama3、qwen2.5、qwen3、gemma、mistral、phi3、deepseek-r1 等），"
                     "用于没有模板的模型或替换它自带的；默认：模型自带的，否则用其系列的模板"))
     data_cache: bool = setting(True, "keep tokenized data in $ROCTUNE_HOME/cache/tokenized, so a restart or "

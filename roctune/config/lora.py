@@ -22,7 +22,7 @@ class LoraSettings:
                 zh=("LoRA dropout", "LoRA 的 dropout 比例"))
     target_modules: list[str] = setting(DEFAULT_TARGET_MODULES, "modules to adapt: auto (the model family's attention "
                                         "projections: q/k/v/o_proj, Phi-3's qkv_proj/o_proj), all-linear, or names",
-                                        metavar="NAME",
+                                        metavar="NAME", shape="name",
                                         group="lora", aliases=("--lora-target",),
                 key_aliases=("lora_target",), resume_fixed=True,
                 zh=("目标模块", "要适配的模块：auto（该模型家族的注意力投影：q/k/v/o_proj，Phi-3 的 qkv_proj/o_proj）、all-linear 或模块名"))
@@ -33,6 +33,7 @@ class LoraSettings:
                 resume_fixed=True,
                 zh=("使用 rsLoRA", "秩稳定的 LoRA（缩放 = alpha / sqrt(r)）"))
     modules_to_save: list[str] = setting([], "modules trained in full next to LoRA (e.g. lm_head)", metavar="NAME",
+                                         shape="name",
                                          group="lora",
                 resume_fixed=True,
                 zh=("完整训练的模块", "在 LoRA 之外完整训练的模块（例如 lm_head）"))
@@ -40,11 +41,11 @@ class LoraSettings:
                 resume_fixed=True,
                 zh=("可训练层数", "freeze：训练最后 N 层（N < 0：最前面的 |N| 层）"))
     freeze_trainable_modules: list[str] = setting(["all"], "freeze: modules inside those layers to train (e.g. mlp), "
-                                                  "or all", metavar="NAME", group="lora",
+                                                  "or all", metavar="NAME", shape="name", group="lora",
                 resume_fixed=True,
                 zh=("可训练模块", "freeze：这些层中要训练的模块（例如 mlp），或 all"))
     freeze_extra_modules: list[str] = setting([], "freeze: modules outside the layers to train too (e.g. norm)",
-                                              metavar="NAME", group="lora",
+                                              metavar="NAME", shape="name", group="lora",
                 zh=("额外可训练模块", "freeze：这些层之外也要训练的模块（例如 norm）"))
 
     def check(self) -> None:

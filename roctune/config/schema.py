@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import field
 from typing import Any
 
@@ -20,7 +21,8 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
             gt: float | None = None, le: float | None = None, lt: float | None = None, repeat: bool = False,
             metavar: str | None = None, group: str = "training", cli_only: bool = False,
             aliases: tuple[str, ...] = (), key_aliases: tuple[str, ...] = (), resume_fixed: bool = False,
-            zh: tuple[str, str], unset: Any = None, does: str | None = None) -> Any:
+            zh: tuple[str, str], unset: Any = None, does: str | None = None,
+            shape: str | None = None) -> Any:
     """One setting. `ge/gt/le/lt` bound numbers (NaN and infinity are always refused); `repeat` makes a list
     flag repeatable (--data a --data b) instead of taking several values; `cli_only` settings cannot come from a
     file; `aliases` are extra flag names; `key_aliases` are other names a YAML file or key=value override may use
@@ -28,8 +30,10 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, ge: float 
     the one run.yaml recorded; `group` places the flag in --help and the web UI; `zh` is its Chinese
     (label, help) for the web UI (the CLI stays English); `unset` is a default that means "not set" (the web UI
     shows it as an empty box); `does`: what a stage's own setting does, for the refusal on a stage that does not use it
-    ("--NAME {does} --stage S; drop it for --stage T"; default: its section's DOES)."""
-    meta = {"help": help, "zh": zh, "unset": unset, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
+    ("--NAME {does} --stage S; drop it for --stage T"; default: its section's DOES); `shape` names the form every
+    value (every item of a list) must have (`SHAPES`)."""
+    meta = {"help": help, "zh": zh, "unset": unset, "shape": shape,
+            "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "repeat": repeat,
             "metavar": metavar, "group": group, "cli_only": cli_only, "aliases": aliases, "key_aliases": key_aliases,
             "resume_fixed": resume_fixed, "does": does}
     if isinstance(default, list):
@@ -43,9 +47,32 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# The forms a text setting may be declared to have (setting(shape=...)): a module or template name is letters,
+# digits and _ . - (model.layers.0.mlp, all-linear, qwen2.5), never a flag (--reward-file=x) or words.
+SHAPES = {"name": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")}
+# No text setting holds a control character (a line break, a tab, NUL): no file name, module, column or address
+# has one, and a YAML value or a log line would carry it somewhere else.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_text(f: dataclasses.Field, value: Any) -> None:
+    """The text rules of a setting: no control characters in any text value, and the declared `shape`."""
+    shape = SHAPES.get(f.metadata.get("shape") or "")
+    for one in value if isinstance(value, list) else [value]:
+        if not isinstance(one, str):
+            continue
+        if CONTROL.search(one):
+            raise ConfigError(f"{flag(f.name)} {one!r}: holds a control character (a line break, a tab or NUL); "
+                              "remove it", key="control_char", field=f.name, got=repr(one))
+        if shape is not None and not shape.fullmatch(one):
+            raise ConfigError(f"{flag(f.name)} {one!r}: not a name (letters, digits and _ . - only, e.g. q_proj)",
+                              key="not_name", field=f.name, got=repr(one))
+
+
 def check_value(f: dataclasses.Field, value: Any) -> None:
-    """The field's own rules: choices, finite numbers, bounds; the error names the flag."""
+    """The field's own rules: choices, text, finite numbers, bounds; the error names the flag."""
     meta = f.metadata
+    check_text(f, value)
     for one in value if isinstance(value, list) and meta.get("choices") else [value]:
         if meta.get("choices") and one not in meta["choices"]:
             raise ConfigError(f"{flag(f.name)} must be one of {', '.join(meta['choices'])} (got {one!r})",
@@ -121,6 +148,12 @@ def coerce(name: str, value: Any, f: dataclasses.Field) -> Any:
     if k in ("int", "float"):
         return _number(name, value, int if k == "int" else float, f.name)
     return None if value is None else str(value)
+
+
+def read_number(name: str, value: Any, typ: type, field: str | None = None) -> Any:
+    """`value` (a number or its text, from a flag, a file or a request) as `typ` (int or float), or a ConfigError
+    naming `name`: a bool, a list, a fraction for an int or words are refused, never passed on."""
+    return _number(name, value, typ, field)
 
 
 def _number(name: str, value: Any, typ: type, field: str | None = None) -> Any:

@@ -26,6 +26,15 @@ PLACEHOLDERS = {
     "ip": "<IP>",
 }
 TYPES = tuple(PLACEHOLDERS)
+# what each type is, in words (the web UI's labels; its Chinese is beside the page's other texts)
+LABELS = {
+    "email": "e-mail addresses",
+    "id_card": "ID card numbers (China)",
+    "bank_card": "bank card numbers",
+    "phone": "mobile phone numbers",
+    "landline": "landline phone numbers",
+    "ip": "IPv4 addresses",
+}
 
 # Every pattern starts with a character class (so the regex engine jumps between candidates in C) and then
 # checks with a fixed-width lookbehind that no letter, digit, '_', '.' or '+' came right before it; the

@@ -126,7 +126,8 @@ def names() -> str:
 def get(name: str) -> Template:
     t = BY_NAME.get(name.strip().lower())
     if t is None:
-        raise ConfigError(f"--template {name}: unknown; choose one of {names()}")
+        raise ConfigError(f"--template {name}: unknown; choose one of {names()}", key="choice", field="template",
+                          choices=names(), got=repr(name))
     return t
 
 

@@ -8,6 +8,7 @@ from roctune.hardware.facts import Gpu
 from roctune.hardware.gpus import ARCHS
 from roctune.hardware.readiness import Context, visible_indices
 from roctune.hardware.report import Findings
+from roctune.hardware.text import Text
 
 
 def _gb(n: int | None) -> str:
@@ -32,11 +33,12 @@ def check_vram(c: Context, out: Findings) -> None:
         free = g.vram_bytes - (g.vram_used_bytes or 0)
         lora, qlora = lora_fit(free)
         out.add(f"gpu{i}.vram", "ok" if lora >= 0.5 else "warn",
-                f"GPU {i}: {_gb(g.vram_bytes)} VRAM, {_gb(free)} free: LoRA in bf16 fits models up to {_size_b(lora)} "
-                f"parameters, QLoRA up to {_size_b(qlora)}",
-                "rough: about 2.4 bytes per parameter for bf16 LoRA and 0.75 for QLoRA at short lengths and small "
-                "batches (`roctune estimate` is the precise tool)",
-                "" if lora >= 0.5 else "use a smaller model or QLoRA")
+                Text("GPU {i}: {vram} VRAM, {free} free: LoRA in bf16 fits models up to {lora} parameters, QLoRA up "
+                     "to {qlora}", i=i, vram=_gb(g.vram_bytes), free=_gb(free), lora=_size_b(lora),
+                     qlora=_size_b(qlora)),
+                Text("rough: about 2.4 bytes per parameter for bf16 LoRA and 0.75 for QLoRA at short lengths and "
+                     "small batches (`roctune estimate` is the precise tool)"),
+                "" if lora >= 0.5 else Text("use a smaller model or QLoRA"))
 
 
 def _lacking_peers(c: Context, idx: list[int]) -> tuple[list[tuple[int, int]], str, str]:
@@ -51,7 +53,7 @@ def _lacking_peers(c: Context, idx: list[int]) -> tuple[list[tuple[int, int]], s
                    if ka < kb and not (peer[ka][kb] and peer[kb][ka])]
         return lacking, "torch.cuda.can_device_access_peer", ""
     lacking = [(a, b) for a, b in pairs if f"{a}-{b}" not in m.links]
-    how = "the KFD topology" if c.amd else "unknown without torch"
+    how = Text("the KFD topology") if c.amd else Text("unknown without torch")
     kinds = " (" + ", ".join(sorted({m.links[f'{a}-{b}'].upper() for a, b in pairs if f"{a}-{b}" in m.links})) \
         + ")" if any(f"{a}-{b}" in m.links for a, b in pairs) else ""
     return lacking, how, kinds
@@ -68,25 +70,27 @@ def check_multi_gpu(c: Context, out: Findings) -> None:
     names = ", ".join(f"{i}: {m.gpus[i].name}" for i in idx)
     gfxs = {m.gpus[i].gfx for i in idx if m.gpus[i].gfx}
     if not lacking:
-        out.add("multi_gpu", "ok", f"{len(vis)} GPUs visible, all with direct peer access{kinds}",
-                f"{names}; from {how}")
+        out.add("multi_gpu", "ok", Text("{n} GPUs visible, all with direct peer access{kinds}", n=len(vis),
+                                        kinds=kinds), Text("{names}; from {how}", names=names, how=how))
         if m.env.get("NCCL_P2P_DISABLE", "0") not in ("", "0"):
-            out.add("multi_gpu.p2p", "warn", f"NCCL_P2P_DISABLE={m.env['NCCL_P2P_DISABLE']} although the GPUs have "
-                    "direct peer access", "RCCL/NCCL then copy through host memory: slower gradient exchange",
-                    "unset NCCL_P2P_DISABLE (keep it only if RCCL hangs without it)")
+            out.add("multi_gpu.p2p", "warn", Text("NCCL_P2P_DISABLE={value} although the GPUs have direct peer "
+                                                  "access", value=m.env['NCCL_P2P_DISABLE']),
+                    Text("RCCL/NCCL then copy through host memory: slower gradient exchange"),
+                    Text("unset NCCL_P2P_DISABLE (keep it only if RCCL hangs without it)"))
     else:
-        out.add("multi_gpu", "warn", f"{len(vis)} GPUs visible; no direct peer access between "
-                + ", ".join(f"{a}↔{b}" for a, b in lacking),
-                f"{names}; from {how}. Multi-GPU training still works, but tensors travel through host memory",
-                "check the IOMMU (kernel parameter iommu=pt) and BIOS settings (Above 4G decoding, Resizable BAR); "
-                "if RCCL/NCCL hangs: export NCCL_P2P_DISABLE=1; or train on one GPU: "
-                + ("HIP_VISIBLE_DEVICES=0" if amd else "CUDA_VISIBLE_DEVICES=0"))
+        out.add("multi_gpu", "warn", Text("{n} GPUs visible; no direct peer access between {pairs}", n=len(vis),
+                                          pairs=", ".join(f"{a}↔{b}" for a, b in lacking)),
+                Text("{names}; from {how}. Multi-GPU training still works, but tensors travel through host memory",
+                     names=names, how=how),
+                Text("check the IOMMU (kernel parameter iommu=pt) and BIOS settings (Above 4G decoding, Resizable "
+                     "BAR); if RCCL/NCCL hangs: export NCCL_P2P_DISABLE=1; or train on one GPU: {one}",
+                     one="HIP_VISIBLE_DEVICES=0" if amd else "CUDA_VISIBLE_DEVICES=0"))
     _iommu(c, out, [m.gpus[i] for i in idx])
     if len(gfxs) > 1:
-        out.add("multi_gpu.mixed", "warn", f"mixed architectures: {', '.join(sorted(gfxs))}",
-                "one process runs one set of kernels (and one HSA_OVERRIDE_GFX_VERSION) for all GPUs, and RCCL "
-                "collectives between different architectures are slow or unsupported",
-                "pick GPUs of one kind: HIP_VISIBLE_DEVICES=<indices>")
+        out.add("multi_gpu.mixed", "warn", Text("mixed architectures: {archs}", archs=", ".join(sorted(gfxs))),
+                Text("one process runs one set of kernels (and one HSA_OVERRIDE_GFX_VERSION) for all GPUs, and RCCL "
+                     "collectives between different architectures are slow or unsupported"),
+                Text("pick GPUs of one kind: HIP_VISIBLE_DEVICES=<indices>"))
 
 
 def _iommu(c: Context, out: Findings, gpus: list[Gpu]) -> None:
@@ -97,10 +101,12 @@ def _iommu(c: Context, out: Findings, gpus: list[Gpu]) -> None:
     if len(radeon) < 2 or c.m.kernel_cmdline is None or c.m.wsl:
         return
     if "iommu=pt" in cmdline or "amd_iommu=off" in cmdline:
-        out.add("multi_gpu.iommu", "ok", f"{len(radeon)} Radeon GPUs and the IOMMU in passthrough (iommu=pt)", "")
+        out.add("multi_gpu.iommu", "ok", Text("{n} Radeon GPUs and the IOMMU in passthrough (iommu=pt)",
+                                              n=len(radeon)), "")
     else:
-        out.add("multi_gpu.iommu", "warn", f"{len(radeon)} Radeon GPUs but the kernel command line has no iommu=pt",
-                "with the IOMMU translating, peer-to-peer transfers between consumer Radeon cards hang or fail in "
-                "RCCL (multi-GPU training stalls at the first all-reduce)",
-                "add iommu=pt to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, sudo update-grub, reboot; until "
-                "then: export NCCL_P2P_DISABLE=1")
+        out.add("multi_gpu.iommu", "warn", Text("{n} Radeon GPUs but the kernel command line has no iommu=pt",
+                                                n=len(radeon)),
+                Text("with the IOMMU translating, peer-to-peer transfers between consumer Radeon cards hang or fail "
+                     "in RCCL (multi-GPU training stalls at the first all-reduce)"),
+                Text("add iommu=pt to GRUB_CMDLINE_LINUX_DEFAULT in /etc/default/grub, sudo update-grub, reboot; "
+                     "until then: export NCCL_P2P_DISABLE=1"))

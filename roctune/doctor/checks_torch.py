@@ -10,6 +10,7 @@ from roctune.hardware.choices import Choice, choose_attention, choose_dtype
 from roctune.hardware.gpus import ARCHS
 from roctune.hardware.readiness import Context
 from roctune.hardware.report import Findings
+from roctune.hardware.text import Text
 from roctune.hardware.wheels import version_tuple
 
 
@@ -33,32 +34,40 @@ def check_dtype_and_attention(c: Context, out: Findings) -> None:
 
 
 def _dtype_finding(c: Context, out: Findings, dtype: Choice, bf16: bool | None) -> None:
+    reason = Text(dtype.reason)  # one of choose_dtype's reasons (roctune/hardware/choices.py), said as it is
     if c.train_gpu:
-        why = dtype.reason
+        why = reason
         if c.arch0 and not c.arch0.bf16 and dtype.value == "bf16":
-            why += f"; but {c.gpu0.gfx} has no bf16 hardware, so it is emulated and slow: --dtype fp16 is faster"
-        out.add("bf16", "ok", f"bf16 {'supported' if bf16 else 'not supported'}: training uses {dtype.value}", why)
+            why = Text("{reason}; but {gfx} has no bf16 hardware, so it is emulated and slow: --dtype fp16 is faster",
+                       reason=why, gfx=c.gpu0.gfx)
+        said = Text("bf16 supported: training uses {dtype}", dtype=dtype.value) if bf16 else \
+            Text("bf16 not supported: training uses {dtype}", dtype=dtype.value)
+        out.add("bf16", "ok", said, why)
     elif c.amd_usable and c.backend != "rocm":
         future = ARCHS.get(c.amd_usable[0].gfx or "")
-        out.add("bf16", "ok", f"training uses {dtype.value} on the CPU for now",
-                f"{dtype.reason}; with ROCm torch this GPU would train in "
-                f"{'bf16' if (future.bf16 if future else True) else 'fp16'}")
+        out.add("bf16", "ok", Text("training uses {dtype} on the CPU for now", dtype=dtype.value),
+                Text("{reason}; with ROCm torch this GPU would train in {future}", reason=reason,
+                     future="bf16" if (future.bf16 if future else True) else "fp16"))
     else:
-        out.add("bf16", "ok", f"training uses {dtype.value}", dtype.reason)
+        out.add("bf16", "ok", Text("training uses {dtype}", dtype=dtype.value), reason)
 
 
 def _attention_finding(c: Context, out: Findings, attn: Choice) -> None:
-    attn_fix, attn_why = "", attn.reason
+    reason = Text(attn.reason)  # one of choose_attention's reasons, said as it is
+    attn_fix, attn_why = "", reason
     arch0, gfx = c.arch0, c.gpu0.gfx if c.gpu0 else None
     if c.train_gpu and c.backend == "rocm" and attn.value == "sdpa" and arch0:
         if arch0.sdpa_flash == "yes":
-            attn_why += f"; its flash and memory-efficient kernels (AOTriton) support {gfx}"
+            attn_why = Text("{reason}; its flash and memory-efficient kernels (AOTriton) support {gfx}",
+                            reason=reason, gfx=gfx)
         elif arch0.sdpa_flash == "experimental":
             if c.m.env.get("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL") == "1":
-                attn_why += f"; experimental flash kernels for {gfx} enabled"
+                attn_why = Text("{reason}; experimental flash kernels for {gfx} enabled", reason=reason, gfx=gfx)
             else:
-                attn_why += f"; its flash path for {gfx} is experimental and off, so it falls back to slower kernels"
+                attn_why = Text("{reason}; its flash path for {gfx} is experimental and off, so it falls back to "
+                                "slower kernels", reason=reason, gfx=gfx)
                 attn_fix = "export TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1"
         else:
-            attn_why += f"; no flash kernels for {gfx}: it uses the math kernel (more memory at long lengths)"
-    out.add("attention", "ok", f"attention: {attn.value}", attn_why, attn_fix)
+            attn_why = Text("{reason}; no flash kernels for {gfx}: it uses the math kernel (more memory at long "
+                            "lengths)", reason=reason, gfx=gfx)
+    out.add("attention", "ok", Text("attention: {kernel}", kernel=attn.value), attn_why, attn_fix)

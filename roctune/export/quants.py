@@ -81,12 +81,16 @@ def quantizer_problem() -> str | None:
 
 
 def check(quant: str) -> Quant:
-    """The row of --quant; an unknown type, or one of llama.cpp's quantizer without it installed: one line."""
-    row = QUANTS.get(quant)
+    """The row of --quant; an empty or unknown type (any value: the web UI passes what a request sent), or one of
+    llama.cpp's quantizer without it installed: one line."""
+    row = QUANTS.get(quant) if isinstance(quant, str) else None
     if row is None:
-        raise ConfigError(f"--quant {quant}: unknown; choose one of {', '.join(written_by(ROCTUNE))} (written by "
+        empty = quant is None or (isinstance(quant, str) and not quant.strip())  # `--quant "$Q"`, Q unset
+        what = "--quant is empty" if empty else f"--quant {quant}: unknown"
+        raise ConfigError(f"{what}; choose one of {', '.join(written_by(ROCTUNE))} (written by "
                           f"roctune) or {', '.join(written_by(LLAMA_CPP))} (llama.cpp's quantizer: pip install "
-                          "'roctune[gguf]')")
+                          "'roctune[gguf]')", key="choice", field="quant", choices=", ".join(NAMES),
+                          got=repr(quant))  # the web UI says it in its language at the quant box
     if row.writer == LLAMA_CPP and quantizer_problem():
         raise EnvironmentProblem(quantizer_problem())
     return row

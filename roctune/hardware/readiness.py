@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from roctune.hardware.facts import Gpu, Machine
 from roctune.hardware.gpus import ARCHS, Arch, gfx_major, parse_override
 from roctune.hardware.report import Findings
+from roctune.hardware.text import Text
 from roctune.hardware.wheels import cuda_wheel_index, rocm_wheel_index, torch_install_line, version_tuple
 
 CONTAINER_FLAGS = "--device /dev/kfd --device /dev/dri --group-add video --group-add render"
@@ -25,7 +26,7 @@ class Context:
     backend: str  # "rocm" | "cuda" | "cpu" | "none"
     amd: list[Gpu]
     nv: list[Gpu]
-    torch_desc: str  # "torch 2.9.0 (ROCm 6.4 build)"
+    torch_desc: Text  # "torch 2.9.0 (ROCm 6.4 build)"
     states: dict  # GPU index -> (state, override value), see arch_state
     amd_usable: list[Gpu]  # AMD GPUs PyTorch ROCm can run on (or whose architecture is unknown)
     train_gpu: bool  # training would run on a GPU
@@ -37,7 +38,7 @@ def context(m: Machine) -> Context:
     t = m.torch
     backend = t.get("backend", "cpu")
     label = {"rocm": f"ROCm {t.get('hip') or ''}".strip(), "cuda": f"CUDA {t.get('cuda') or ''}".strip(),
-             "cpu": "CPU-only"}.get(backend, backend)
+             "cpu": Text("CPU-only")}.get(backend, backend)
     states = {i: arch_state(g.gfx, m) for i, g in enumerate(m.gpus) if g.vendor == "amd" and g.gfx}
     amd_usable = [g for i, g in enumerate(m.gpus) if g.vendor == "amd" and
                   (not g.gfx or states[i][0] not in ("unsupported",))]
@@ -45,7 +46,8 @@ def context(m: Machine) -> Context:
     gpu0 = next((g for g in m.gpus if g.vendor == {"rocm": "amd", "cuda": "nvidia"}.get(backend)), None) \
         if train_gpu else None
     arch0 = ARCHS.get(gpu0.gfx or "") if gpu0 and gpu0.vendor == "amd" else None
-    return Context(m, t, backend, m.amd(), m.nvidia(), f"torch {t.get('version') or '?'} ({label} build)",
+    return Context(m, t, backend, m.amd(), m.nvidia(), Text("torch {version} ({build} build)",
+                                                            version=t.get('version') or '?', build=label),
                    states, amd_usable, train_gpu, gpu0, arch0)
 
 
@@ -111,29 +113,32 @@ def check_torch_build(c: Context, out: Findings) -> None:
     m, t = c.m, c.t
     if c.backend == "none":
         index = rocm_wheel_index(m.rocm_version) if c.amd else "https://download.pytorch.org/whl/cpu"
-        out.add("torch.build", "fail", "torch is not installed", t.get("error", ""),
+        out.add("torch.build", "fail", Text("torch is not installed"), t.get("error", ""),
                 f"make setup  (or: pip install torch --index-url {index})")
     elif c.amd and c.backend != "rocm":
         index = rocm_wheel_index(m.rocm_version)
-        why = (f"PyTorch reaches AMD GPUs only through its ROCm build; the wheel index is matched to the installed "
-               f"ROCm {m.rocm_version}" if m.rocm_version else
-               "PyTorch reaches AMD GPUs only through its ROCm build (the wheels bundle the ROCm runtime, so "
-               "a system ROCm install is optional)")
+        why = (Text("PyTorch reaches AMD GPUs only through its ROCm build; the wheel index is matched to the "
+                    "installed ROCm {rocm}", rocm=m.rocm_version) if m.rocm_version else
+               Text("PyTorch reaches AMD GPUs only through its ROCm build (the wheels bundle the ROCm runtime, so "
+                    "a system ROCm install is optional)"))
         if c.amd_usable:
-            out.add("torch.build", "fail", f"AMD GPU present but {c.torch_desc} cannot use it", why,
+            out.add("torch.build", "fail", Text("AMD GPU present but {torch} cannot use it", torch=c.torch_desc), why,
                     torch_install_line(index))
         else:  # a ROCm torch would not help: the CPU build is the right one
-            out.add("torch.build", "warn", f"{c.torch_desc}; the AMD GPU here is not supported by PyTorch ROCm, so "
-                    "training runs on the CPU", why, "nothing to install: use --device cpu (see the architecture line)")
+            out.add("torch.build", "warn", Text("{torch}; the AMD GPU here is not supported by PyTorch ROCm, so "
+                    "training runs on the CPU", torch=c.torch_desc), why,
+                    Text("nothing to install: use --device cpu (see the architecture line)"))
     elif c.nv and not c.amd and c.backend != "cuda":
-        out.add("torch.build", "fail", f"NVIDIA GPU present but {c.torch_desc} cannot use it",
-                "PyTorch reaches NVIDIA GPUs only through its CUDA build"
-                + (f"; index chosen for driver {m.nvidia_driver}" if m.nvidia_driver else ""),
+        why = (Text("PyTorch reaches NVIDIA GPUs only through its CUDA build; index chosen for driver {driver}",
+                    driver=m.nvidia_driver) if m.nvidia_driver else
+               Text("PyTorch reaches NVIDIA GPUs only through its CUDA build"))
+        out.add("torch.build", "fail", Text("NVIDIA GPU present but {torch} cannot use it", torch=c.torch_desc), why,
                 torch_install_line(cuda_wheel_index(m.nvidia_driver)))
     elif not m.gpus and c.backend != "cpu":
-        out.add("torch.build", "ok", f"{c.torch_desc}", "no GPU found on this machine; it will run on the CPU")
+        out.add("torch.build", "ok", c.torch_desc, Text("no GPU found on this machine; it will run on the CPU"))
     else:
-        out.add("torch.build", "ok", c.torch_desc, "matches the hardware" if m.gpus else "no GPU on this machine")
+        out.add("torch.build", "ok", c.torch_desc,
+                Text("matches the hardware") if m.gpus else Text("no GPU on this machine"))
 
 
 def check_amd_driver(c: Context, out: Findings) -> None:
@@ -144,56 +149,70 @@ def check_amd_driver(c: Context, out: Findings) -> None:
     if m.dev_kfd is None:
         _missing_kfd(m, out)
     if not m.render_nodes and m.dev_kfd is not None:
-        out.add("amd.render", "fail", "no /dev/dri/renderD* node",
-                "HIP opens the GPU's render node as well as /dev/kfd",
-                f"in a container: docker run {CONTAINER_FLAGS}; on the host: sudo udevadm trigger or reboot")
+        out.add("amd.render", "fail", Text("no /dev/dri/renderD* node"),
+                Text("HIP opens the GPU's render node as well as /dev/kfd"),
+                Text("in a container: docker run {flags}; on the host: sudo udevadm trigger or reboot",
+                     flags=CONTAINER_FLAGS))
     _amd_access(m, out)
     if m.rocm_version:
-        out.add("amd.rocm", "ok", f"ROCm {m.rocm_version} installed", "PyTorch wheels bundle their own ROCm "
-                "runtime; the system one matters for tools and for building extensions")
+        out.add("amd.rocm", "ok", Text("ROCm {version} installed", version=m.rocm_version),
+                Text("PyTorch wheels bundle their own ROCm runtime; the system one matters for tools and for "
+                     "building extensions"))
 
 
 def _missing_kfd(m: Machine, out: Findings) -> None:
     # three causes with three fixes: a container without the devices, no driver, or no udev node
     if m.container:
-        out.add("amd.kfd", "fail", "/dev/kfd is missing in this container",
-                "the container was started without the GPU device nodes",
-                f"restart the container with: docker run {CONTAINER_FLAGS} ... "
-                "(podman: the same --device flags)")
+        out.add("amd.kfd", "fail", Text("/dev/kfd is missing in this container"),
+                Text("the container was started without the GPU device nodes"),
+                Text("restart the container with: docker run {flags} ... (podman: the same --device flags)",
+                     flags=CONTAINER_FLAGS))
     elif not m.kfd_sysfs:
-        out.add("amd.kfd", "fail", "/dev/kfd is missing: the amdgpu compute driver (KFD) is not loaded",
-                "an AMD GPU is on the PCI bus but /sys/class/kfd does not exist",
-                "sudo modprobe amdgpu; if that fails install the driver (`sudo amdgpu-install --usecase=dkms`) "
-                "and reboot; `sudo dmesg | grep -i amdgpu` shows why it did not load")
+        out.add("amd.kfd", "fail", Text("/dev/kfd is missing: the amdgpu compute driver (KFD) is not loaded"),
+                Text("an AMD GPU is on the PCI bus but /sys/class/kfd does not exist"),
+                Text("sudo modprobe amdgpu; if that fails install the driver (`sudo amdgpu-install --usecase=dkms`) "
+                     "and reboot; `sudo dmesg | grep -i amdgpu` shows why it did not load"))
     else:
-        out.add("amd.kfd", "fail", "/dev/kfd is missing although the amdgpu driver is loaded",
-                "udev did not create the device node",
-                "sudo udevadm trigger (or reboot); in a container: docker run " + CONTAINER_FLAGS)
+        out.add("amd.kfd", "fail", Text("/dev/kfd is missing although the amdgpu driver is loaded"),
+                Text("udev did not create the device node"),
+                Text("sudo udevadm trigger (or reboot); in a container: docker run {flags}", flags=CONTAINER_FLAGS))
 
 
 def _amd_access(m: Machine, out: Findings) -> None:
     nodes = ([m.dev_kfd] if m.dev_kfd else []) + m.render_nodes[:1]
     blocked = [n for n in nodes if not n["accessible"]]
     if nodes and not m.user_known:
-        out.add("amd.access", "warn", f"user {m.user!r} is not in {m.root.rstrip('/')}/etc/passwd or /etc/group",
-                "group membership cannot be judged", "check the name given with --user")
+        out.add("amd.access", "warn", Text("user {user} is not in {root}/etc/passwd or /etc/group", user=repr(m.user),
+                                           root=m.root.rstrip('/')),
+                Text("group membership cannot be judged"), Text("check the name given with --user"))
     elif blocked:
-        need = sorted({n["group"] for n in blocked if n["group"]} or {"render"})
-        in_db = [g for g in need if g in m.user_groups]
-        names = ", ".join(f"{n['path']} (group {n['group'] or '?'}, mode {n['mode']})" for n in blocked)
-        if in_db and m.process_groups is not None and not set(need) & set(m.process_groups):
-            out.add("amd.access", "fail", f"{m.user} was added to {'/'.join(need)} but this session predates it",
-                    f"cannot open {names}; group changes apply to new logins only",
-                    "log out and in (or reboot); for this shell only: newgrp render")
-        else:
-            out.add("amd.access", "fail", f"user {m.user} cannot open {names}",
-                    f"{m.user} is in groups [{', '.join(m.user_groups) or 'none'}], not in {' or '.join(need)}",
-                    f"sudo usermod -aG render,video {m.user}, then log out and in"
-                    + (" (in a container: docker run ... --group-add render --group-add video)" if m.container else ""))
+        _blocked(m, out, blocked)
     elif nodes:
-        out.add("amd.access", "ok", f"{m.user} can open " + " and ".join(n["path"] for n in nodes),
-                "world-accessible" if all(n["world"] for n in nodes) else
-                f"member of {', '.join(g for g in m.user_groups if g in ('render', 'video')) or 'the owning group'}")
+        out.add("amd.access", "ok", Text("{user} can open {nodes}", user=m.user,
+                                         nodes=Text.join(" and ", (n["path"] for n in nodes))),
+                Text("world-accessible") if all(n["world"] for n in nodes) else
+                Text("member of {groups}", groups=", ".join(g for g in m.user_groups if g in ('render', 'video'))
+                     or Text("the owning group")))
+
+
+def _blocked(m: Machine, out: Findings, blocked: list[dict]) -> None:
+    """Device nodes this user cannot open: a session older than the group change, or groups not joined."""
+    need = sorted({n["group"] for n in blocked if n["group"]} or {"render"})
+    in_db = [g for g in need if g in m.user_groups]
+    names = Text.join(", ", (Text("{path} (group {group}, mode {mode})", path=n["path"], group=n["group"] or "?",
+                                  mode=n["mode"]) for n in blocked))
+    if in_db and m.process_groups is not None and not set(need) & set(m.process_groups):
+        out.add("amd.access", "fail", Text("{user} was added to {groups} but this session predates it", user=m.user,
+                                           groups="/".join(need)),
+                Text("cannot open {nodes}; group changes apply to new logins only", nodes=names),
+                Text("log out and in (or reboot); for this shell only: newgrp render"))
+    else:
+        fix = Text("sudo usermod -aG render,video {user}, then log out and in", user=m.user)
+        if m.container:
+            fix = Text("{fix} (in a container: docker run ... --group-add render --group-add video)", fix=fix)
+        out.add("amd.access", "fail", Text("user {user} cannot open {nodes}", user=m.user, nodes=names),
+                Text("{user} is in groups [{groups}], not in {need}", user=m.user,
+                     groups=", ".join(m.user_groups) or Text("none"), need=Text.join(" or ", need)), fix)
 
 
 def check_nvidia_driver(c: Context, out: Findings) -> None:
@@ -201,12 +220,12 @@ def check_nvidia_driver(c: Context, out: Findings) -> None:
     if not c.nv or c.amd:
         return
     if m.nvidia_driver is None:
-        fix = ("restart the container with --gpus all (NVIDIA Container Toolkit)" if m.container else
-               "install the NVIDIA driver (e.g. `sudo ubuntu-drivers install`), reboot, then check `nvidia-smi`")
-        out.add("nvidia.driver", "fail", "NVIDIA GPU present but the NVIDIA driver is not loaded",
-                "/proc/driver/nvidia/version does not exist", fix)
+        fix = (Text("restart the container with --gpus all (NVIDIA Container Toolkit)") if m.container else
+               Text("install the NVIDIA driver (e.g. `sudo ubuntu-drivers install`), reboot, then check `nvidia-smi`"))
+        out.add("nvidia.driver", "fail", Text("NVIDIA GPU present but the NVIDIA driver is not loaded"),
+                Text("/proc/driver/nvidia/version does not exist"), fix)
     else:
-        out.add("nvidia.driver", "ok", f"NVIDIA driver {m.nvidia_driver}", "")
+        out.add("nvidia.driver", "ok", Text("NVIDIA driver {version}", version=m.nvidia_driver), "")
 
 
 def check_visibility(c: Context, out: Findings) -> None:
@@ -214,21 +233,23 @@ def check_visibility(c: Context, out: Findings) -> None:
     for vendor, gpus in (("amd", c.amd), ("nvidia", c.nv)):
         hidden = visible_env(c.m, vendor)
         if gpus and hidden and not visible_indices(c.m, vendor, len(gpus)):
-            out.add("visible", "fail", f"{hidden[0]}={hidden[1]!r} hides every GPU",
-                    "the runtime only shows the GPUs listed there", f"unset {hidden[0]}  (or list GPUs: {hidden[0]}=0)")
+            out.add("visible", "fail", Text("{name}={value} hides every GPU", name=hidden[0], value=repr(hidden[1])),
+                    Text("the runtime only shows the GPUs listed there"),
+                    Text("unset {name}  (or list GPUs: {name}=0)", name=hidden[0]))
 
 
 def check_torch_sees_gpu(c: Context, out: Findings) -> None:
     t = c.t
     if c.backend in ("rocm", "cuda") and c.m.gpus and not t.get("cuda_available"):
         if not any(f.level == "fail" for f in out):  # an earlier failure already names the cause
-            out.add("torch.gpu", "fail", f"{c.torch_desc} sees no GPU (torch.cuda.is_available() is False)",
-                    t.get("error") or "driver, device permissions or visibility env vars",
-                    "run `roctune doctor --json` on the host and compare; "
-                    "check `rocminfo`/`nvidia-smi` works for this user")
+            out.add("torch.gpu", "fail", Text("{torch} sees no GPU (torch.cuda.is_available() is False)",
+                                              torch=c.torch_desc),
+                    t.get("error") or Text("driver, device permissions or visibility env vars"),
+                    Text("run `roctune doctor --json` on the host and compare; check `rocminfo`/`nvidia-smi` works "
+                         "for this user"))
     elif c.backend in ("rocm", "cuda") and t.get("cuda_available"):
         n = t.get("device_count") or 0
-        out.add("torch.gpu", "ok", f"torch sees {n} GPU{'s' if n != 1 else ''}",
+        out.add("torch.gpu", "ok", Text("torch sees {n} GPUs", n=n) if n != 1 else Text("torch sees 1 GPU"),
                 ", ".join(d.get("name", "?") for d in t.get("devices") or []))
 
 
@@ -249,28 +270,33 @@ def _override_finding(c: Context, out: Findings, i: int, g: Gpu, arch: Arch | No
     override = c.m.env.get("HSA_OVERRIDE_GFX_VERSION")
     override_gfx = parse_override(override)
     state, value = c.states[i]
+    unset = Text("unset HSA_OVERRIDE_GFX_VERSION")
     if arch and arch.bad_override and override_gfx and override_gfx == parse_override(arch.bad_override):
         out.add(fid + ".override", "fail" if c.backend == "rocm" else "warn",
-                f"HSA_OVERRIDE_GFX_VERSION={override} is known to fail on the {g.gfx} ({arch.family})",
-                f"the {override_gfx} kernels use instructions the {g.gfx} lacks: crashes (illegal instruction, "
-                "memory access fault) or silently wrong numbers", "unset HSA_OVERRIDE_GFX_VERSION; train with --device cpu")
+                Text("HSA_OVERRIDE_GFX_VERSION={override} is known to fail on the {gfx} ({family})",
+                     override=override, gfx=g.gfx, family=arch.family),
+                Text("the {kernels} kernels use instructions the {gfx} lacks: crashes (illegal instruction, memory "
+                     "access fault) or silently wrong numbers", kernels=override_gfx, gfx=g.gfx),
+                Text("unset HSA_OVERRIDE_GFX_VERSION; train with --device cpu"))
     elif override is not None and override_gfx is None:
-        out.add(fid + ".override", "warn", f"HSA_OVERRIDE_GFX_VERSION={override!r} is not a version like 10.3.0",
-                "the ROCm runtime ignores or misreads it", "unset HSA_OVERRIDE_GFX_VERSION")
+        out.add(fid + ".override", "warn", Text("HSA_OVERRIDE_GFX_VERSION={override} is not a version like 10.3.0",
+                                                override=repr(override)),
+                Text("the ROCm runtime ignores or misreads it"), unset)
     elif override_gfx and override_gfx != g.gfx:
         if gfx_major(override_gfx) != gfx_major(g.gfx):
             good = f"export HSA_OVERRIDE_GFX_VERSION={arch.override}" if arch and arch.override and \
-                state == "override" else "unset HSA_OVERRIDE_GFX_VERSION"
-            out.add(fid + ".override", "warn", f"HSA_OVERRIDE_GFX_VERSION={override} makes the {g.gfx} pose as "
-                    f"{override_gfx}, a different generation", "kernels built for another generation crash or "
-                    "compute garbage", good)
+                state == "override" else unset
+            out.add(fid + ".override", "warn", Text("HSA_OVERRIDE_GFX_VERSION={override} makes the {gfx} pose as "
+                    "{other}, a different generation", override=override, gfx=g.gfx, other=override_gfx),
+                    Text("kernels built for another generation crash or compute garbage"), good)
         elif state == "native":
-            out.add(fid + ".override", "warn", f"HSA_OVERRIDE_GFX_VERSION={override} is set but {g.gfx} is "
-                    "supported natively", "the override makes ROCm load kernels for another chip",
-                    "unset HSA_OVERRIDE_GFX_VERSION")
+            out.add(fid + ".override", "warn", Text("HSA_OVERRIDE_GFX_VERSION={override} is set but {gfx} is "
+                    "supported natively", override=override, gfx=g.gfx),
+                    Text("the override makes ROCm load kernels for another chip"), unset)
         elif state == "override" and value and parse_override(value) != override_gfx:
-            out.add(fid + ".override", "warn", f"HSA_OVERRIDE_GFX_VERSION={override} is not the value for {g.gfx}",
-                    f"{g.gfx} runs with the {parse_override(value)} kernels",
+            out.add(fid + ".override", "warn", Text("HSA_OVERRIDE_GFX_VERSION={override} is not the value for {gfx}",
+                                                    override=override, gfx=g.gfx),
+                    Text("{gfx} runs with the {kernels} kernels", gfx=g.gfx, kernels=parse_override(value)),
                     f"export HSA_OVERRIDE_GFX_VERSION={value}")
 
 
@@ -279,51 +305,58 @@ def _arch_finding(c: Context, out: Findings, i: int, g: Gpu, arch: Arch | None, 
     fid = f"gpu{i}.arch"
     state, value = c.states[i]
     t, rocm_torch = c.t, c.backend == "rocm"
+    note = Text(arch.note) if arch and arch.note else ""
     override_gfx = parse_override(c.m.env.get("HSA_OVERRIDE_GFX_VERSION"))
     if state == "native":
-        where = "this torch build has kernels for it" if rocm_torch and t.get("arch_list") else \
-            "supported by the official PyTorch ROCm wheels"
-        out.add(fid, "ok", f"{desc}: {where}", (arch.note if arch else ""))
+        where = Text("this torch build has kernels for it") if rocm_torch and t.get("arch_list") else \
+            Text("supported by the official PyTorch ROCm wheels")
+        out.add(fid, "ok", Text("{gpu}: {where}", gpu=desc, where=where), note)
     elif state == "override":
         if override_gfx == parse_override(value):
-            out.add(fid, "ok", f"{desc}: runs through HSA_OVERRIDE_GFX_VERSION={value}",
-                    f"not in the official wheels; the {parse_override(value)} kernels work on it")
+            out.add(fid, "ok", Text("{gpu}: runs through HSA_OVERRIDE_GFX_VERSION={value}", gpu=desc, value=value),
+                    Text("not in the official wheels; the {kernels} kernels work on it", kernels=parse_override(value)))
         else:
-            out.add(fid, "fail" if rocm_torch else "warn", f"{desc}: needs HSA_OVERRIDE_GFX_VERSION={value}",
-                    f"the official PyTorch ROCm wheels have no {g.gfx} kernels; it runs the "
-                    f"{parse_override(value)} ones (without the override: hipErrorNoBinaryForGpu)",
-                    f"export HSA_OVERRIDE_GFX_VERSION={value}  (add it to ~/.bashrc)")
+            out.add(fid, "fail" if rocm_torch else "warn", Text("{gpu}: needs HSA_OVERRIDE_GFX_VERSION={value}",
+                                                                gpu=desc, value=value),
+                    Text("the official PyTorch ROCm wheels have no {gfx} kernels; it runs the {kernels} ones (without "
+                         "the override: hipErrorNoBinaryForGpu)", gfx=g.gfx, kernels=parse_override(value)),
+                    Text("export HSA_OVERRIDE_GFX_VERSION={value}  (add it to ~/.bashrc)", value=value))
     elif state == "unsupported":
-        out.add(fid, "fail" if rocm_torch else "warn", f"{desc}: not supported by the official PyTorch ROCm wheels",
-                (arch.note if arch else "") + "; no override makes current wheels run on it. What remains: "
-                "training on the CPU, or an old ROCm/PyTorch combination built for it (unsupported)",
+        out.add(fid, "fail" if rocm_torch else "warn",
+                Text("{gpu}: not supported by the official PyTorch ROCm wheels", gpu=desc),
+                Text("{note}; no override makes current wheels run on it. What remains: training on the CPU, or an "
+                     "old ROCm/PyTorch combination built for it (unsupported)", note=note),
                 "roctune train --device cpu ...")
     elif state == "missing":
-        out.add(fid, "fail" if rocm_torch else "warn", f"{desc}: this torch build has no kernels for {g.gfx}",
-                f"its arch list is {', '.join(t.get('arch_list') or [])}"
-                + (f"; {arch.note}" if arch and arch.note else ""),
+        arch_list = ", ".join(t.get("arch_list") or [])
+        out.add(fid, "fail" if rocm_torch else "warn",
+                Text("{gpu}: this torch build has no kernels for {gfx}", gpu=desc, gfx=g.gfx),
+                Text("its arch list is {archs}; {note}", archs=arch_list, note=note) if note else
+                Text("its arch list is {archs}", archs=arch_list),
                 torch_install_line(rocm_wheel_index(None)))
     else:
-        out.add(fid, "warn", f"{desc}: an architecture roctune does not know",
-                "whether PyTorch ROCm supports it is not known here", "check `rocminfo` and the ROCm support matrix")
+        out.add(fid, "warn", Text("{gpu}: an architecture roctune does not know", gpu=desc),
+                Text("whether PyTorch ROCm supports it is not known here"),
+                Text("check `rocminfo` and the ROCm support matrix"))
 
 
 def check_nvidia_arch(c: Context, out: Findings) -> None:
     """NVIDIA compute capability: current CUDA wheels need 7.0 (Volta) or newer."""
     for i, g in enumerate(c.m.gpus):
         if g.vendor == "nvidia" and g.compute_capability:
-            cc = version_tuple(g.compute_capability)
-            out.add(f"gpu{i}.arch", "ok" if cc >= (7, 0) else "warn", f"GPU {i}: {g.name} (compute capability "
-                    f"{g.compute_capability})", "" if cc >= (7, 0) else "current CUDA wheels need 7.0 or newer",
-                    "" if cc >= (7, 0) else "roctune train --device cpu ...")
+            ok = version_tuple(g.compute_capability) >= (7, 0)
+            out.add(f"gpu{i}.arch", "ok" if ok else "warn",
+                    Text("GPU {i}: {name} (compute capability {cc})", i=i, name=g.name, cc=g.compute_capability),
+                    "" if ok else Text("current CUDA wheels need 7.0 or newer"),
+                    "" if ok else "roctune train --device cpu ...")
 
 
 def check_no_gpu(c: Context, out: Findings) -> None:
     if not c.m.gpus and not c.train_gpu:  # under WSL2 sysfs shows no GPU, but torch may see one
-        out.add("cpu", "warn", "no GPU: training runs on the CPU",
-                "a CPU trains roughly 10-50x slower than a mid-range GPU: fine for models up to ~0.5B parameters and "
-                "small data sets (the bundled 135M demo takes minutes), impractical beyond ~1B",
-                "use a machine with an AMD (ROCm) or NVIDIA GPU for larger models; on the CPU keep models small")
+        out.add("cpu", "warn", Text("no GPU: training runs on the CPU"),
+                Text("a CPU trains roughly 10-50x slower than a mid-range GPU: fine for models up to ~0.5B parameters "
+                     "and small data sets (the bundled 135M demo takes minutes), impractical beyond ~1B"),
+                Text("use a machine with an AMD (ROCm) or NVIDIA GPU for larger models; on the CPU keep models small"))
 
 
 # The readiness checks in report order (the no-GPU finding comes last, after doctor's own checks).

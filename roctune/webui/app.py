@@ -16,10 +16,13 @@ from roctune.webui.workspace import Workspace
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
-def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code: bool = False):
+def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code: bool = False,
+              lang: str | None = None):
     """The Gradio Blocks app. `root` is the workspace (default: the current folder): every path the page reads
     or writes must lie inside it. `run_root` is where new runs go by default (relative to the root). Only with
-    `trust_remote_code` may the page's training run a model's own code."""
+    `trust_remote_code` may the page's training run a model's own code. `lang` (en, zh) is the page's language
+    for a browser that has not picked one (default: the browser's own language)."""
+    i18n.check_lang(lang)
     try:
         import gradio as gr
     except ImportError:
@@ -31,6 +34,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                            font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
     with gr.Blocks(title="roctune", analytics_enabled=False) as app:
         app._roctune_launch = {"theme": theme, "css": CSS}
+        lang_default = lang
         lang = gr.State(i18n.Lang("en"))  # the session's language: every handler's last input (not in the API)
         saved = gr.BrowserState("", storage_key=i18n.STORAGE_KEY)  # remembered in the browser ("": not chosen yet)
         with gr.Row(equal_height=True):
@@ -68,7 +72,7 @@ def build_app(run_root: str = "runs", root: str | None = None, trust_remote_code
                                        followers=[chat_ui.adapter, eval_ui.adapter, export_ui.adapter])
         again = [(doctor_again[0], [], doctor_again[1]), (table_again[0], [], table_again[1]), *train_ui.again,
                  on_lists, last_run]
-        _wire_language(gr, app, picker, lang, saved, again=again)
+        _wire_language(gr, app, picker, lang, saved, again=again, default=lang_default)
         app._roctune_state = state
         app._roctune_workspace = ws
     return app
@@ -89,10 +93,11 @@ def _wire_lists(gr, app, ws, lists: dict, events: list, lang) -> tuple:
     return on_lists, [], targets
 
 
-def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
+def _wire_language(gr, app, picker, lang, saved, again: list, default: str | None = None) -> None:
     """The language switch: every text of the page follows it, and the browser remembers it (BrowserState);
     `again` are (handler, inputs, outputs) whose HTML is made on the server, run again in the new language (the
-    language state is their last input)."""
+    language state is their last input). A page opens in the language its browser picked before, else in
+    `default` (`roctune webui --lang`), else in the browser's own language."""
     items = i18n.translatable(app)
     comps = [block for block, _ in items]
 
@@ -105,9 +110,9 @@ def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
         switched = switched.then(handler, [*inputs, lang], outputs, show_progress="hidden")
     names = {code: name for name, code in i18n.LANGS.items()}
 
-    def on_open(code, request):  # first visit: the browser's language (its Accept-Language header)
+    def on_open(code, request):  # first visit: --lang, else the browser's language (its Accept-Language header)
         header = request.headers.get("accept-language", "") if request is not None else ""
-        return names.get(code) or names[i18n.from_accept_language(header)]
+        return names.get(code) or names[default or i18n.from_accept_language(header)]
 
     on_open.__annotations__ = {"request": gr.Request}  # Gradio passes the request by this type (gradio is local)
 
@@ -115,7 +120,8 @@ def _wire_language(gr, app, picker, lang, saved, again: list) -> None:
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", block: bool = True,
-           root: str | None = None, auth: tuple[str, str] | None = None, trust_remote_code: bool = False):
+           root: str | None = None, auth: tuple[str, str] | None = None, trust_remote_code: bool = False,
+           lang: str | None = None):
     """Start the server (no share link, no analytics); `auth` (user, password) guards the page and its API.
     A proxy in the environment or a busy machine does not stop it (see roctune.webui.server); what does is one
     line (EnvironmentProblem). Returns the app."""
@@ -124,7 +130,7 @@ def launch(host: str = "127.0.0.1", port: int = 7860, run_root: str = "runs", bl
     check_host(host, auth)
     check_port(host, port)
     bypass_proxy(host)
-    app = build_app(run_root, root, trust_remote_code)
+    app = build_app(run_root, root, trust_remote_code, lang)
     extra = dict(getattr(app, "_roctune_launch", {}), **launch_options(app.launch))
     try:
         _serve(app, host, port, auth, block, extra)

@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 
 from roctune.errors import RoctuneError
-from roctune.webui.html import box, guard, guard_stream
+from roctune.webui.html import box, guard, guard_stream, number_input
 from roctune.webui.i18n import t
 
 
@@ -87,9 +87,9 @@ def _layout(gr) -> SimpleNamespace:
                                allow_custom_value=True, elem_id="rt-chat-model")
     with gr.Row():
         ui.compare = gr.Checkbox(label="side by side: base vs fine-tuned", value=True, elem_id="rt-compare")
-        ui.max_new = gr.Number(label="max new tokens", value=64, precision=0, elem_id="rt-max-new")
-        ui.temp = gr.Number(label="temperature (0: greedy)", value=0.0, elem_id="rt-temp")
-        ui.top_p = gr.Number(label="top-p", value=1.0, elem_id="rt-top-p")
+        ui.max_new = gr.Number(label=SAMPLING[0][2], value=64, precision=0, elem_id="rt-max-new")
+        ui.temp = gr.Number(label=SAMPLING[1][2], value=SAMPLING[1][4], elem_id="rt-temp")
+        ui.top_p = gr.Number(label=SAMPLING[2][2], value=SAMPLING[2][4], elem_id="rt-top-p")
     ui.system = gr.Textbox(label="system prompt (empty: the chat template's own)", lines=1, elem_id="rt-chat-system")
     ui.status = gr.HTML(elem_id="rt-chat-status")
     with gr.Row():
@@ -137,18 +137,17 @@ def stream_answer(loaded, messages: list[dict], kw: dict, use_adapter: bool = Tr
     yield result["text"]
 
 
-def _check_sampling(max_new, temp, top_p) -> dict:
-    """The sampling numbers, by `roctune chat`'s rules (each refused naming its flag)."""
-    from roctune.config import check_number
-    from roctune.errors import ConfigError
+# The sampling inputs: (keyword of generate, the `roctune chat` flag, the box's label, type, default, bounds).
+SAMPLING = (("max_new_tokens", "--max-new-tokens", "max new tokens", int, None, {"gt": 0}),
+            ("temperature", "--temperature", "temperature (0: greedy)", float, 0.0, {"ge": 0}),
+            ("top_p", "--top-p", "top-p", float, 1.0, {"gt": 0, "le": 1}))
 
-    if max_new is None:
-        raise ConfigError("--max-new-tokens must be > 0")
-    check_number("--max-new-tokens", max_new, gt=0)
-    check_number("--temperature", temp or 0.0, ge=0)
-    check_number("--top-p", 1.0 if top_p is None else top_p, gt=0, le=1)
-    return dict(max_new_tokens=int(max_new), temperature=float(temp or 0.0),
-                top_p=float(1.0 if top_p is None else top_p))
+
+def _check_sampling(*values) -> dict:
+    """The sampling inputs (max new tokens, temperature, top-p) by `roctune chat`'s rules, each refused in one
+    line naming its box (`number_input`)."""
+    return {key: number_input(value, flag, label, typ, default, **bounds)
+            for (key, flag, label, typ, default, bounds), value in zip(SAMPLING, values)}
 
 
 def _picture(path: str | None, loaded):

@@ -8,11 +8,10 @@ import re
 from types import SimpleNamespace
 
 from roctune.webui.html import LEVEL_COLOR, box, esc, guard
-from roctune.webui.i18n import t
+from roctune.webui.i18n import choice_labels, t
 
 DATA_TYPES = [".jsonl", ".json", ".csv", ".tsv", ".parquet"]
 PREVIEW_ROWS = 20
-SCRUB_TYPES = ["email", "id_card", "bank_card", "phone", "landline", "ip"]
 
 
 def data_paths(text: str | list[str] | None) -> list[str]:
@@ -173,13 +172,13 @@ def default_scrub_output(path: str) -> str:
 
 def run_scrub(path: str, out: str, types: list[str] | None) -> str:
     """Scrub `path` into `out` (both already checked); the report as HTML."""
-    from roctune.data.pii import PLACEHOLDERS
+    from roctune.data.pii import LABELS, PLACEHOLDERS
     from roctune.data.scrub import scrub_file
 
     # never over an existing file: over the page's API that could replace a dataset or a run's adapter config
     report = scrub_file(path, out, types or None, overwrite=False)
-    rows = "".join(f"<tr><td>{t}</td><td><code>{esc(PLACEHOLDERS[t])}</code></td><td>{n}</td></tr>"
-                   for t, n in report["counts"].items())
+    rows = "".join(f"<tr><td>{esc(t(LABELS[kind]))}</td><td><code>{esc(PLACEHOLDERS[kind])}</code></td><td>{n}</td>"
+                   "</tr>" for kind, n in report["counts"].items())
     heads = "".join(f"<th>{t(h)}</th>" for h in ("type", "placeholder", "count"))
     return ("<p>" + t("Redacted in {n} records ({changed} changed); wrote {path}", n=report["records"],
                       changed=report["records_changed"], path=f"<code>{esc(out)}</code>") + "</p>"
@@ -201,6 +200,8 @@ def scrub_paths(ws, paths_text: str, output: str) -> tuple[str, str]:
 
 
 def _layout(gr) -> SimpleNamespace:
+    from roctune.data.pii import LABELS
+
     ui = SimpleNamespace()
     with gr.Row():
         ui.path = gr.Dropdown([], label="dataset (pick from the workspace or type a path)", allow_custom_value=True,
@@ -221,7 +222,8 @@ def _layout(gr) -> SimpleNamespace:
     ui.learn_out = gr.HTML(elem_id="rt-learn-out")
     with gr.Accordion("PII scrub (phone numbers, ID and bank cards, e-mails, IPs)", open=False):
         with gr.Row():
-            ui.scrub_types = gr.CheckboxGroup(SCRUB_TYPES, label="types (none ticked: all)")
+            ui.scrub_types = choice_labels(gr.CheckboxGroup, LABELS, label="types (none ticked: all)",
+                                           elem_id="rt-scrub-types")
             ui.scrub_out_path = gr.Textbox(label="write the scrubbed copy to",
                                            placeholder="default: <input>.scrubbed.<ext>")
         ui.scrub_btn = gr.Button("Scrub", elem_id="rt-scrub")

@@ -1,6 +1,8 @@
 """The Doctor panel: the `roctune doctor` findings as a table (message, why and fix for each)."""
 from __future__ import annotations
 
+import re
+
 from roctune.webui.html import LEVEL_COLOR, box, error_line, esc, in_language
 from roctune.webui.i18n import current, t
 
@@ -13,22 +15,39 @@ CHECK_TITLES = {
     "multi_gpu.iommu": "several GPUs: IOMMU", "multi_gpu": "several GPUs", "visible": "visible GPUs",
     "multi_gpu.p2p": "several GPUs: peer to peer", "multi_gpu.mixed": "several GPUs: mixed models",
     "cpu": "training on the CPU", "attention": "attention kernel", "amd.rocm": "ROCm version",
-    "amd.render": "AMD render device (/dev/dri)",
+    "amd.render": "AMD render device (/dev/dri)", "gpuN.arch": "GPU architecture", "gpuN.vram": "GPU memory",
+    "gpuN.arch.override": "GPU architecture: HSA_OVERRIDE_GFX_VERSION",
 }
 
 
+def said(text) -> str:
+    """A finding's text as HTML in the page's language (roctune.doctor.zh on a Chinese page): its words as
+    text, the names and values in it (a GPU, a version, a path, a command in `backticks`) as code."""
+    from roctune.doctor.zh import ZH
+    from roctune.hardware.text import say
+
+    def plain(value) -> str:
+        if value is None or value == "":
+            return ""
+        return esc(value) if isinstance(value, (int, float)) else f"<code>{esc(value)}</code>"
+
+    return say(text, ZH if current() == "zh" else {}, plain, lambda words: _CODE.sub(r"<code>\1</code>", esc(words)))
+
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
 def finding_row(f) -> str:
-    """One finding: its check, level, and message, why and fix. On a page in another language the check is named
-    in that language and the library's English text is folded under "details (English)"; the fix (a command)
-    stays visible."""
-    detail = esc(f.message)
+    """One finding: its check, level, and message, why and fix, in the page's language; on a page in another
+    language than English the check is named in that language too."""
+    detail = said(f.message)
     if f.why:
-        detail += f'<div class="rt-why">{esc(f.why)}</div>'
-    fix = f'<div class="rt-fix"><b>{t("fix:")}</b> <code>{esc(f.fix)}</code></div>' if f.fix else ""
+        detail += f'<div class="rt-why">{said(f.why)}</div>'
+    fix = f'<div class="rt-fix"><b>{t("fix:")}</b> {said(f.fix)}</div>' if f.fix else ""
     title = f"<code>{esc(f.id)}</code>"
     if current() != "en":
-        title = f"{esc(t(CHECK_TITLES.get(f.id, f.id)))} {title}"
-        detail = f"<details><summary>{t('details (English)')}</summary>{detail}</details>"
+        key = re.sub(r"^gpu\d+\.", "gpuN.", f.id)  # one title for the same check of every GPU
+        title = f"{esc(t(CHECK_TITLES.get(key, f.id)))} {title}"
     color = LEVEL_COLOR.get(f.level, "inherit")
     return (f'<tr><td>{title}</td>'
             f'<td style="color:{color};font-weight:bold">{t(f.level.upper())}</td><td>{detail}{fix}</td></tr>')

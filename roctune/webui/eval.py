@@ -8,7 +8,7 @@ import os
 import threading
 from types import SimpleNamespace
 
-from roctune.webui.html import box, esc, guard
+from roctune.webui.html import box, esc, guard, number_input
 from roctune.webui.i18n import t
 
 _LOCK = threading.Lock()  # one evaluation at a time: each loads a model
@@ -65,12 +65,11 @@ def eval_handler(ws):
         paths = data_paths(data)
         if not paths:
             raise ConfigError(t("no held-out data: give a dataset file with reference answers"))
-        if max_new is None or max_new <= 0:
-            raise ConfigError("--max-new-tokens must be > 0")
+        max_new = number_input(max_new, "--max-new-tokens", "max new tokens", int, gt=0)
         adapter = ws.adapter(adapter)
         out = _report_dir(ws, adapter, output)
         report.check_output(out)
-        opts = Options(adapter, ws.data(paths), max_new_tokens=int(max_new))
+        opts = Options(adapter, ws.data(paths), max_new_tokens=max_new)
         records, max_length, _ = prepare(opts)
         with _LOCK:  # the library's progress lines go to the server log; the page renders the result
             result = evaluate(opts, records, max_length, None, logging.getLogger(__name__).info)

@@ -37,7 +37,9 @@ def gguf_handler(ws):
     @guard("export", 1)
     def on_export(adapter, output, quant, name, verify, overwrite, fmt="gguf"):
         from roctune.export import export
+        from roctune.export import quants
 
+        quants.check(quant)  # an emptied quant box (or any JSON over the API): one line before any path is looked at
         adapter, output = _paths(ws, adapter, output, "GGUF export")
         report = export(adapter, output, quant=quant, name=(name or "").strip() or None, verify=bool(verify),
                         overwrite=bool(overwrite), fmt=fmt or "gguf", log=logging.getLogger(__name__).info)

@@ -49,6 +49,8 @@ PAGE_ERRORS = {
                     "replace it, or choose another folder",
     "nothing_to_resume": "{field}: {path} holds no run to continue; untick it to start a new run",
     "no_such_dir": "{field} {path}: no such folder",
+    "not_name": "{field}: {got} is not a name (letters, digits and _ . - only, e.g. q_proj)",
+    "control_char": "{field}: {got} holds a control character (a line break, a tab or NUL); remove it",
     "no_such_model": "{field} {name}: not found; pick one from the list, or give a model folder in the workspace or "
                      "a hub id (org/name)",
 }
@@ -84,6 +86,20 @@ def error_line(command: str, exc: BaseException) -> str:
         traceback.print_exc()  # an unexpected failure: full details on the server's stderr, one line on the page
         line = f"roctune {command}: internal error: {type(exc).__name__}: {exc} (details in the server log)"
     return t("error: {line}", line=line) if current() == "zh" else line
+
+
+def number_input(value, flag: str, label: str, typ: type, default=None, **bounds):
+    """A number box's value, whatever arrived (the page's box, or any JSON over its API): a number of type `typ`
+    within `bounds` (ge, gt, le, lt), or a ConfigError naming the box by its `label` (the CLI's `flag` in the CLI's
+    words). An emptied box is its `default`."""
+    from roctune.config import check_number
+    from roctune.config.schema import read_number
+
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value = "" if default is None else default
+    number = read_number(flag, value, typ, label)
+    check_number(flag, number, **bounds, field=label)
+    return number
 
 
 def box(text: str, kind: str = "info") -> str:

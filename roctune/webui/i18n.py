@@ -39,6 +39,14 @@ def from_accept_language(header: str) -> str:
     return "en"
 
 
+def check_lang(code: str | None) -> None:
+    """`roctune webui --lang CODE`: one of the page's languages (None: not given)."""
+    from roctune.errors import ConfigError
+
+    if code is not None and code not in LANGS.values():
+        raise ConfigError(f"--lang {code!r}: the page speaks {' or '.join(LANGS.values())}; choose one of them")
+
+
 class Lang(str):
     """The language of a session as a handler input: a str that says it is one, so `guard` can tell it from the
     text inputs before it."""
@@ -107,18 +115,26 @@ def texts_of(block) -> dict[str, str]:
     return out
 
 
+def choice_labels(make, labels: dict[str, str], **kw):
+    """A choice component (`make`: gr.CheckboxGroup, gr.Radio, gr.Dropdown) whose choices show `labels`
+    ({value: English label}) in the page's language; the values a handler gets stay as they are."""
+    block = make([(label, value) for value, label in labels.items()], **kw)
+    block._rt_choices = labels
+    return block
+
+
 def translatable(app) -> list:
     """[(component, {prop: English})] of every component of `app` with a text to translate."""
     out = []
     for block in app.blocks.values():
         texts = texts_of(block)
-        if texts:
+        if texts or getattr(block, "_rt_choices", None):
             out.append((block, texts))
     return out
 
 
 def updates(gr, items: list, lang: str) -> list:
-    """One gr.update per component of `translatable`, with its texts in `lang`."""
+    """One gr.update per component of `translatable`, with its texts (and labelled choices) in `lang`."""
     out = []
     with language(lang):
         for block, texts in items:
@@ -126,6 +142,9 @@ def updates(gr, items: list, lang: str) -> list:
             new = {p: t(v) for p, v in texts.items()}
             if template:
                 new["value"] = t(template[0], **template[1])
+            labels = getattr(block, "_rt_choices", None)
+            if labels:
+                new["choices"] = [(t(label), value) for value, label in labels.items()]
             out.append(gr.update(**new))
     return out
 
@@ -136,8 +155,8 @@ def missing(app) -> list[str]:
     out = []
     for block, texts in translatable(app):
         template = getattr(block, "_rt_template", None)
-        for prop, text in texts.items():
-            key = template[0] if template and prop == "value" else text
+        keys = [template[0] if template and prop == "value" else text for prop, text in texts.items()]
+        for key in keys + list((getattr(block, "_rt_choices", None) or {}).values()):
             if key not in have and key not in SAME:
                 out.append(key)
     return sorted(set(out))
@@ -176,6 +195,8 @@ ZH: dict[str, str] = {
     "write the scrubbed copy to": "脱敏副本写到",
     "default: <input>.scrubbed.<ext>": "默认：<输入>.scrubbed.<扩展名>",
     "Scrub": "脱敏", "Use this dataset in the Train panel": "在训练页使用此数据集",
+    "e-mail addresses": "邮箱地址", "ID card numbers (China)": "身份证号", "bank card numbers": "银行卡号",
+    "mobile phone numbers": "手机号", "landline phone numbers": "固定电话号码", "IPv4 addresses": "IPv4 地址",
     "Refresh the lists": "刷新列表", "↻": "↻",
     "uploaded into the workspace: {path}": "已上传到工作区：{path}",
     "first {n} record(s) of {paths}": "{paths} 的前 {n} 条记录",
@@ -305,6 +326,10 @@ ZH: dict[str, str] = {
     "{field}: must be a finite number (got {got})": "{field}：必须是有限的数（当前为 {got}）",
     "{field}: expected a number (got {got})": "{field}：应为数字（当前为 {got}）",
     "{field}: expected a whole number (got {got})": "{field}：应为整数（当前为 {got}）",
+    "{field}: {got} is not a name (letters, digits and _ . - only, e.g. q_proj)":
+        "{field}：{got} 不是名称（只能由字母、数字和 _ . - 组成，例如 q_proj）",
+    "{field}: {got} holds a control character (a line break, a tab or NUL); remove it":
+        "{field}：{got} 含有控制字符（换行、制表符或 NUL）；请删除它",
     "{field}: no training data; pick or upload a dataset": "{field}：没有训练数据；请选择或上传一个数据集",
     "{field}: no output folder; give one": "{field}：没有输出目录；请填写一个",
     "{field}: set the epochs or the max steps above 0": "{field}：请把训练轮数或最大步数设为大于 0",
@@ -350,7 +375,8 @@ ZH: dict[str, str] = {
     "several GPUs": "多 GPU", "visible GPUs": "可见的 GPU", "several GPUs: peer to peer": "多 GPU：点对点通信",
     "several GPUs: mixed models": "多 GPU：型号混用", "training on the CPU": "在 CPU 上训练",
     "attention kernel": "注意力实现", "ROCm version": "ROCm 版本", "AMD render device (/dev/dri)": "AMD 渲染设备（/dev/dri）",
-    "details (English)": "详情（英文）",
+    "GPU architecture": "GPU 架构", "GPU memory": "GPU 显存",
+    "GPU architecture: HSA_OVERRIDE_GFX_VERSION": "GPU 架构：HSA_OVERRIDE_GFX_VERSION",
     "system": "系统", "user": "用户", "assistant": "助手",
     "OK": "正常", "WARN": "警告", "FAIL": "失败",
 }

@@ -126,10 +126,15 @@ def fill_config(values: dict[str, Any], ws):
 
 def form_config(values: dict[str, Any], ws):
     """`fill_config`, then the checks `roctune train` makes before loading anything, so that a mistake shows at
-    once instead of after a process start: the same code raises the same message."""
+    once instead of after a process start: the same code raises the same message. Every value of the form goes
+    through them (`TrainConfig.validate`: bounds, choices, names, control characters; the chat template's name
+    against the table; the output folder)."""
+    from roctune.data import templates
     from roctune.rundir.output import check_new_output
 
     cfg, trust = fill_config(values, ws)
     cfg.validate()
+    if cfg.template:
+        templates.get(cfg.template)
     check_new_output(cfg.output, cfg.resume, cfg.overwrite)
     return cfg, trust
