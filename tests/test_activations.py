@@ -44,7 +44,8 @@ def _batch(seed: int = 1):
     labels[1, 30:] = -100
     mask = torch.ones_like(ids)
     mask[1, 30:] = 0
-    return SimpleNamespace(input_ids=ids, attention_mask=mask, position_ids=None, labels=labels, shifted=False)
+    return SimpleNamespace(input_ids=ids, attention_mask=mask, position_ids=None, labels=labels, shifted=False,
+                           attn_kwargs={}, inputs=None)
 
 
 def _loss_and_grads(model, batch):
