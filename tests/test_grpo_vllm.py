@@ -88,6 +88,37 @@ def test_completion_ids_keep_the_stop_token_they_stopped_at():
     assert gv.completion_ids({"token_ids": [5, 6], "finish_reason": "length", "stop_reason": None}, stop) == [5, 6]
 
 
+LATE_SERVER = """
+import http.server, json, sys, time
+time.sleep(1.5)  # a server still loading: the port refuses connections
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def _answer(self):
+        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+        self.wfile.write(json.dumps({"ok": self.path}).encode())
+    do_GET = do_POST = _answer
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_loading_the_adapter_waits_for_a_server_still_starting(tmp_path):
+    """An agent run loads the step's adapter before its first turn: that load waits for /health like `sample`
+    (it met a refused connection while vLLM was still loading)."""
+    import sys
+
+    from roctune.hardware.network import free_port
+
+    port = free_port()
+    rollouts = gv.VllmRollouts([sys.executable, "-c", LATE_SERVER, str(port), "--port", str(port)], str(tmp_path))
+    model = SimpleNamespace(save_pretrained=lambda path: os.makedirs(path))
+    try:
+        assert rollouts.load_adapter(model, 0) == "policy-1-step1" and rollouts.ready
+        assert os.path.isdir(tmp_path / "policy-1-step1")
+    finally:
+        rollouts.proc.kill()
+        rollouts.proc.wait()
+
+
 # ------------------------------------------------------------------------------------- with vLLM
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory, default_model_dir) -> str:

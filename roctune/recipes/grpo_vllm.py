@@ -151,7 +151,9 @@ class VllmRollouts:
     # ---- rollouts
     def load_adapter(self, model, step: int) -> str:
         """Save the trained adapter and load it into vLLM under a name of its own (vLLM refuses a name it has
-        loaded before); unload the previous one."""
+        loaded before); unload the previous one. Waits for the server first: an agent run loads its adapter before
+        the first turn's `complete`."""
+        self.wait_ready()
         self.loads += 1
         name = f"policy-{self.loads}-step{step + 1}"
         path = os.path.join(self.work, name)
