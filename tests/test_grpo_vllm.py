@@ -80,6 +80,21 @@ def test_server_command_keeps_the_key_off_the_command_line(tmp_path, monkeypatch
     assert "--gpu-memory-utilization" in gpu and "bfloat16" in gpu and "--no-enable-chunked-prefill" not in gpu
 
 
+def test_server_holds_the_rank_of_the_adapter_a_run_continues(tmp_path, tiny_model_dir):
+    """--adapter (a rank-16 adapter) with --lora-r left at 8: vLLM's --max-lora-rank holds the adapter's 16 (a run
+    continuing a warm-up adapter was refused by vLLM: 'LoRA rank 16 is greater than max_lora_rank 8')."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "warmup"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj"])).save_pretrained(adapter)
+    cfg = _cfg(tmp_path, adapter=str(adapter))
+    assert cfg.lora_r == 8 and gv.policy_rank(cfg) == 16
+    argv = gv.server_command("/py", tiny_model_dir, cfg, SimpleNamespace(dtype="fp32", device="cpu"), 8123)
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"
+
+
 def test_completion_ids_keep_the_stop_token_they_stopped_at():
     stop = {2, 7}
     assert gv.completion_ids({"token_ids": [5, 6], "finish_reason": "stop", "stop_reason": 7}, stop) == [5, 6, 7]

@@ -126,3 +126,10 @@ def extra_vllm_args(environ=None) -> list[str]:
         if flag in MANAGED_FLAGS:
             raise ConfigError(f"${VLLM_ARGS_ENV}: {flag} is set by roctune from its own options; drop it there")
     return words
+
+
+def adapter_rank(cfg: dict) -> int:
+    """The largest LoRA rank in an adapter_config.json (r, or a larger one from rank_pattern): what vLLM's
+    --max-lora-rank must hold."""
+    pattern = [v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)]
+    return max([int(cfg["r"])] + pattern)

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from roctune.errors import EnvironmentProblem
 from roctune.hardware.network import free_port
 from roctune.hardware.vllm import SERVER_MODULE  # noqa: F401 - the module vLLM's server runs as, for readers
-from roctune.hardware.vllm import CPU_KV_CACHE_GIB, extra_vllm_args, find_vllm_python, lora_rank
+from roctune.hardware.vllm import CPU_KV_CACHE_GIB, adapter_rank, extra_vllm_args, find_vllm_python, lora_rank
 from roctune.hardware.vllm import server_command as vllm_command
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,13 @@ def max_lora_rank(rank: int) -> int:
     return lora_rank(rank, "--rollout-engine vllm: --lora-r", "lower it or use --rollout-engine roctune")
 
 
+def policy_rank(cfg) -> int:
+    """The rank of the adapter the run trains: --lora-r, or the rank of the --adapter it continues."""
+    from roctune import rundir
+
+    return adapter_rank(rundir.open(cfg.adapter).adapter) if cfg.adapter else cfg.lora_r
+
+
 # ------------------------------------------------------------------------------------------ the server
 def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[str]:
     """vLLM's command line for the run's model, dtype, seed and LoRA rank (the adapter of this step and the last
@@ -71,7 +78,7 @@ def server_command(python: str, base_model: str, cfg, setup, port: int) -> list[
         # ("CPU Generator does not use offset", v1/worker/gpu_model_runner.py): prompts are prefilled whole
         more.append("--no-enable-chunked-prefill")
     return vllm_command(python, base_model, host="127.0.0.1", port=port, dtype=setup.dtype,
-                        trust_remote_code=cfg.trust_remote_code, loras=2, lora_rank=max_lora_rank(cfg.lora_r),
+                        trust_remote_code=cfg.trust_remote_code, loras=2, lora_rank=max_lora_rank(policy_rank(cfg)),
                         more=more)
 
 

@@ -38,7 +38,7 @@ from roctune import rundir
 from roctune.data.answer_format import FALLBACK_TOOLS_PROMPT, HERMES_CLOSE, HERMES_OPEN, THINK_OPEN, TOOL_FORMATS
 from roctune.data.render import render_prompt, template_supports_tools
 from roctune.errors import ConfigError, RoctuneError
-from roctune.hardware.vllm import CPU_KV_CACHE_GIB, lora_rank, server_command, unloadable
+from roctune.hardware.vllm import CPU_KV_CACHE_GIB, adapter_rank, lora_rank, server_command, unloadable
 
 REASONING_PARSER = "deepseek_r1"  # reasoning from the start up to </think>: a prompt ending in an open <think>
 MERGE_FIX = "serve it with --engine roctune, or merge it (roctune merge) and serve the merged model with vLLM"
@@ -85,12 +85,6 @@ def unloadable_reason(cfg: dict) -> str | None:
     """Why vLLM cannot load an adapter with this adapter_config.json, or None when it can."""
     found = unloadable(cfg)
     return found[2] if found else None
-
-
-def adapter_rank(cfg: dict) -> int:
-    """The largest LoRA rank in the adapter (r, or a larger one from rank_pattern)."""
-    pattern = [v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)]
-    return max([int(cfg["r"])] + pattern)
 
 
 def max_lora_rank(ranks: list[int]) -> int:
