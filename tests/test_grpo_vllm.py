@@ -154,7 +154,7 @@ def vllm_server(request, tmp_path_factory):
     vllm_model_dir = request.getfixturevalue("vllm_model_dir")
     out = tmp_path_factory.mktemp("vllm-run")
     cfg = SimpleNamespace(output=str(out), seed=3, lora_r=8, max_length=256, max_completion_length=8,
-                          trust_remote_code=False)
+                          trust_remote_code=False, adapter=None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(VLLM_ARGS_ENV, "--enforce-eager")  # no torch.compile at start: 40 s less on this CPU
         server = gv.start(cfg, vllm_model_dir, SimpleNamespace(dtype="fp32", device="cpu"))
