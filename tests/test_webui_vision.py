@@ -49,6 +49,10 @@ def test_chat_with_an_uploaded_picture_in_both_languages(server, browser, tmp_pa
         _shot(page, tmp_path, "chat-picture-en", full_page=False)
         _field(page, "rt-chat-input").fill("And the top left one?")
         page.locator("#rt-send").click()
+        for _ in range(1200):  # the status still reads the first answer's "answered in" until the second starts
+            if len(seen) > 1:
+                break
+            page.wait_for_timeout(100)
         expect(page.locator("#rt-chat-status")).to_contain_text("answered in", timeout=120_000)
         first, second = seen[0][-1]["content"], seen[1][0]["content"]
         assert [p["type"] for p in first] == ["image", "text"] and first[1]["text"] == "What colours are these?"
