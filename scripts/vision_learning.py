@@ -81,8 +81,8 @@ def main() -> int:
     p.add_argument("--phase", choices=("base", "train", "tuned", "all"), default="all",
                    help="one part only (each well under 10 minutes, for a shared machine's lock); the report is "
                         "printed once the base and tuned answers are both in --work")
-    p.add_argument("--epochs", default="4")
-    p.add_argument("--lr", default="1e-3")
+    p.add_argument("--epochs", default="3")
+    p.add_argument("--lr", default="3e-4")
     args = p.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="roctune-vision-")
     model, run = os.path.join(work, "vlm"), os.path.join(work, "run")
@@ -124,7 +124,7 @@ def report(work: str, heldout) -> None:
     base, tuned = got["base"]["answers"], got["tuned"]["answers"]
     print(json.dumps({"base": score(heldout, base), "tuned": score(heldout, tuned),
                       "train_seconds": got.get("train", {}).get("seconds"),
-                      "examples": {"train": 384, "heldout": len(heldout)}}, indent=1))
+                      "examples": {"train": sum(1 for _ in open(TRAIN, encoding="utf-8")), "heldout": len(heldout)}}, indent=1))
     print("question | expected | base | tuned")
     for r, b, t in list(zip(heldout, base, tuned))[:8]:
         print(f"{r.messages[0]['content'].replace('<image>', '')} | {r.messages[-1]['content']} | {b!r} | {t!r}")

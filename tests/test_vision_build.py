@@ -51,6 +51,22 @@ def test_the_built_folder_loads_in_transformers_and_keeps_the_text_model(built, 
     assert it.processor.image_seq_len == 4 and "roctune_content" in it.tokenizer.chat_template  # (32/8)^2 / 2^2
 
 
+def test_the_fresh_tower_is_initialised_as_siglip_initialises_it(built):
+    """Patch embedding LeCun-normal (std sqrt(1/fan_in)), position embeddings std 1/sqrt(width), linear layers
+    Xavier-uniform, biases zero: not SmolVLM's std 0.02 everywhere, with which the shapes task stayed near chance."""
+    import math
+
+    from transformers import AutoModelForImageTextToText
+
+    tower = AutoModelForImageTextToText.from_pretrained(built["model"]).model.vision_model
+    patch = tower.embeddings.patch_embedding.weight
+    assert abs(patch.std().item() / math.sqrt(1 / patch[0].numel()) - 1) < 0.15
+    assert abs(tower.embeddings.position_embedding.weight.std().item() * math.sqrt(32) - 1) < 0.15
+    fc1 = tower.encoder.layers[0].mlp.fc1
+    assert fc1.weight.abs().max().item() <= math.sqrt(6 / (32 + 64)) and fc1.weight.std().item() > 0.1
+    assert not fc1.bias.any() and not tower.embeddings.patch_embedding.bias.any()
+
+
 def test_train_vision_tower_and_projector_on_the_built_model(built, tmp_path):
     """LoRA on the language model, the fresh tower and the projector trained whole beside it: all three move; the
     run folder holds the adapter (with the tower and projector) and the processor, and loads back."""

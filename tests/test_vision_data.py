@@ -138,6 +138,46 @@ def test_data_check_lists_every_bad_image_as_a_schema_error(place, capsys):
     assert report["images"] == {"images": 1, "records_with_images": 1, "max_per_record": 1, "tokens_per_image": None}
 
 
+def test_one_question_about_different_pictures_is_no_repeat(place, tmp_path, capsys):
+    """The pictures belong to the prompt: one question about two different pictures is neither a repeat nor a
+    conflict in `data check`, and `data split` keeps both (it dropped all but one as duplicates); the same picture
+    under another name is a repeat."""
+    from roctune.cli import main
+
+    _png(tmp_path / "blue.png", colour=(20, 20, 200))
+    (tmp_path / "red-again.png").write_bytes((tmp_path / "red.png").read_bytes())
+    place("d.jsonl", [_row(["red.png"]), _row(["blue.png"], answer="Blue."), _row(["red-again.png"])])
+    assert main(["data", "check", "d.jsonl", "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert warnings["duplicates"]["count"] == 1 and warnings["duplicates"]["examples"][0].startswith(
+        ("d.jsonl:3 repeats d.jsonl:1", f"{tmp_path}/d.jsonl:3 repeats"))
+    assert warnings["conflicts"]["count"] == 0
+    assert main(["data", "split", "d.jsonl", "--out-train", "t.jsonl", "--out-eval", "e.jsonl",
+                 "--eval-ratio", "0.5"]) == 0
+    kept = [json.loads(line)["images"] for f in ("t.jsonl", "e.jsonl") for line in open(f, encoding="utf-8")]
+    assert sorted(kept) == [["blue.png"], ["red.png"]]
+
+
+def test_the_bundled_vision_example_is_clean(capsys):
+    """examples/vision_shapes*.jsonl (scripts/make_vision_example.py): every picture reads, no record repeats
+    another or the held-out split, no question has two answers; the training split asks the shape four times in
+    five, the held-out split colours and shapes equally."""
+    from roctune.cli import main
+
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+    train, heldout = (os.path.join(examples, f) for f in ("vision_shapes.jsonl", "vision_shapes_heldout.jsonl"))
+    assert main(["data", "check", train, "--eval", heldout, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] == 1260 and report["schema_errors"]["count"] == 0
+    assert {k: w["count"] for k, w in report["warnings"].items()} == {
+        "empty_fields": 0, "duplicates": 0, "near_duplicates": 0, "conflicts": 0, "answer_equals_prompt": 0,
+        "eval_overlap": 0}
+    shapes = {"Circle.", "Square.", "Triangle."}
+    for path, share in ((train, 0.8), (heldout, 0.5)):
+        answers = [json.loads(line)["messages"][-1]["content"] for line in open(path, encoding="utf-8")]
+        assert sum(a in shapes for a in answers) == share * len(answers)
+
+
 def test_train_refuses_images_for_a_text_model_before_it_loads(place, tiny_model_dir, capsys):
     place("d.jsonl", [_row(["red.png"])])
     refused(["train", "--model", tiny_model_dir, "--data", "d.jsonl", "--output", "run"], capsys,

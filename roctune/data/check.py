@@ -80,7 +80,7 @@ class _Scan:
 
     def add(self, ex: Example, eval_keys: set[int], tokenizer) -> None:
         self.locs.add(ex)
-        exact, near, prompt, answer, is_echo = conversation_keys(ex.messages)
+        exact, near, prompt, answer, is_echo = conversation_keys(ex.messages, ex.images)
         self.exact.append(exact)
         self.prompt.append(prompt)
         self.answer.append(answer)
@@ -211,7 +211,8 @@ def check_data(paths: list[str], eval_paths: list[str] | None = None, tokenizer=
     eval_paths = eval_paths or []
     eval_bytes = source_bytes(eval_paths)
     meter = Meter(eval_bytes + source_bytes(paths), "checking", say, in_bytes=True)
-    eval_keys = {conversation_keys(ex.messages)[1] for ex in iter_examples(eval_paths, scan.on_error, meter.update)}
+    eval_keys = {conversation_keys(ex.messages, ex.images)[1]
+                 for ex in iter_examples(eval_paths, scan.on_error, meter.update)}
     for ex in iter_examples(paths, scan.on_error, lambda n: meter.update(eval_bytes + n)):
         scan.add(ex, eval_keys, tokenizer)
     n_valid = len(scan.exact)

@@ -74,6 +74,18 @@ class ImageRef:
     def nbytes(self) -> int:
         return len(self.data) if self.data is not None else os.path.getsize(self.path)
 
+    def content_hash(self) -> int:
+        """A hash of the image's bytes (its file's, read again: the record keeps no pixels), so duplicate checks
+        see two records with one question and different pictures as different (and one picture under two paths
+        as the same)."""
+        if self.data is not None:
+            return hash(self.data)
+        try:
+            with open(self.path, "rb") as f:
+                return hash(f.read())
+        except OSError as e:
+            raise DataError(f"{self.source}: {e.strerror}") from None
+
 
 def _pil():
     try:

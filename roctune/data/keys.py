@@ -23,20 +23,23 @@ def normalise(text: str) -> bytes:
     return b
 
 
-def conversation_keys(messages: list[dict[str, str]]) -> tuple[int, int, int, int, bool]:
+def conversation_keys(messages: list[dict[str, str]], images: list = ()) -> tuple[int, int, int, int, bool]:
     """Hashes of one conversation: (exact, near, prompt, answer) and whether the answer repeats the prompt.
 
     The prompt is every turn before the last assistant turn, the answer that turn (and any after it); each
     part is normalised in one call, its turns joined by U+0080 (kept by `normalise`, absent from real text).
+    The record's images (data.images.ImageRef) belong to the prompt: their bytes' hashes join the exact, near and
+    prompt keys, so one question about different pictures is neither a repeat nor a conflict.
     """
     roles = tuple(m["role"] for m in messages)
     contents = tuple(m["content"] for m in messages)
     last = len(roles) - 1 - roles[::-1].index("assistant")
     prompt_n = normalise("\x80".join(contents[:last]))
     answer_n = normalise(contents[last]) if last == len(roles) - 1 else normalise("\x80".join(contents[last:]))
-    exact = hash((roles, contents))
-    near = hash((roles, prompt_n, answer_n))
-    prompt = hash((roles[:last], prompt_n))
+    pictures = tuple(ref.content_hash() for ref in images)
+    exact = hash((roles, contents, pictures))
+    near = hash((roles, prompt_n, answer_n, pictures))
+    prompt = hash((roles[:last], prompt_n, pictures))
     answer = hash((roles[last:], answer_n))
     echo = False
     if answer_n and answer_n in prompt_n:  # cheap test first; most answers are not in their prompt

@@ -57,7 +57,7 @@ def _first_pass(paths: list[str]) -> tuple[int, array.array, list[str]]:
             for k in ex.obj:
                 if k not in columns:
                     columns[k] = None
-            key = conversation_keys(ex.messages)[1]
+            key = conversation_keys(ex.messages, ex.images)[1]
             if key not in seen:
                 seen.add(key)
                 keep.append(n)

@@ -145,6 +145,7 @@ def _assemble(text_dir: str, tower: dict, seed: int, folder: str, text_name: str
                            tie_word_embeddings=bool(text_config.get("tie_word_embeddings")))
     torch.manual_seed(seed)
     model = SmolVLMForConditionalGeneration(config)
+    init_tower_as_siglip(model.model.vision_model)
     _copy_text_weights(model, lm)
     model.generation_config = lm.generation_config
     with hf_progress_off():
@@ -160,6 +161,33 @@ def _assemble(text_dir: str, tower: dict, seed: int, folder: str, text_name: str
         f"{tower['image_size']}x{tower['image_size']} pixels in {tower['patch_size']}-pixel patches) + a fresh "
         f"projector ({n_proj:,}); {tokens_per_image} tokens per image")
     return {"tokens_per_image": tokens_per_image, "vision_parameters": n_vision, "projector_parameters": n_proj}
+
+
+def init_tower_as_siglip(tower) -> None:
+    """Initialise a fresh tower as SigLIP's authors do (big_vision; transformers' SiglipPreTrainedModel): the patch
+    embedding LeCun-normal, position embeddings normal with std 1/sqrt(width), every linear layer Xavier-uniform,
+    biases zero, layer norms one. Why: SmolVLM's own init (normal, std 0.02 everywhere) is meant for loading weights
+    over; trained from nothing it makes the patches' signal small beside the positions', and the bundled shapes
+    task stayed near chance for shapes (probe: 768 pictures, 4 epochs, 59% held-out vs 91% with this init)."""
+    import math
+
+    import torch
+    from torch import nn
+
+    width = tower.config.hidden_size
+    with torch.no_grad():
+        for module in tower.modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=1 / math.sqrt(width))
+            elif isinstance(module, nn.Conv2d):  # LeCun normal: variance 1/fan_in, truncated at 2 std
+                std = math.sqrt(1 / module.weight[0].numel()) / 0.87962566103423978
+                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            elif isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+            if isinstance(module, (nn.Conv2d, nn.Linear, nn.LayerNorm)) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 def _copy_text_weights(model, lm) -> None:
