@@ -2,8 +2,8 @@
 `roctune estimate` against roctune's measured peak (issue 48).
 
 The model is the one `roctune models build-vlm` assembles (the bundled SmolLM2-135M-Instruct and a fresh
-SigLIP-shaped tower, SmolVLM's layout). Every example holds IMAGES pictures (64 x 64, one token span of 19 tokens
-each) and a question about them, all about the same length. Each run is its own child process (its peak RSS is its
+SigLIP-shaped tower, SmolVLM's layout). Every example holds IMAGES pictures (64 x 64: 2 x 2 tiles and the whole
+picture, one token span of 33 tokens each) and a question about them, all about the same length. Each run is its own child process (its peak RSS is its
 alone), with the same examples in the same order (no length grouping), the same LoRA (r 8 on the language model's
 q/k/v/o; with --train-vision the tower and projector trained whole beside it), AdamW at the same learning rate:
 - roctune: `roctune train` (recipes.train);

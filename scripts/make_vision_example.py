@@ -1,13 +1,14 @@
 """Write the bundled vision example (examples/vision_shapes*.jsonl): a synthetic image task made with Pillow.
 
-Each image is 64 x 64 pixels (the default tower of `roctune models build-vlm` sees exactly that) with one shape
-(circle, square or triangle) of one colour (red, green, blue or yellow) at a random place and size on a light
-background; the user asks for the colour or for the shape, and the answer is one word. Chance is 1/4 for colours and
-1/3 for shapes. The training split asks the shape four times in five: a tower trained from nothing tells colours
-apart after a few hundred pictures but needs about a thousand to tell a circle from a square (measured on the tower
-alone: 1,024 shape pictures x 3 epochs gave 97-98% held-out, 576 x 4 gave 66-85%); the held-out split asks both
-equally often. The images travel inside the JSONL as data URLs (OpenAI content parts), so each split is one small
-file; the held-out split's images are drawn from another seed. Deterministic: running it again writes the same files.
+Each image is 64 x 64 pixels (the model `roctune models build-vlm` assembles shows it as 2 x 2 tiles of 32 pixels and
+the whole picture scaled to one tile) with one shape (circle, square or triangle) of one colour (red, green, blue or
+yellow) at a random place and size on a light background; the user asks for the colour or for the shape, and the
+answer is one word. Chance is 1/4 for colours and 1/3 for shapes. The training split asks the shape four times in
+five: a tower trained from nothing tells colours apart after a few hundred pictures but needs about a thousand to tell
+a circle from a square (measured on the tower alone: 1,024 shape pictures x 3 epochs gave 97-98% held-out, 576 x 4
+gave 66-85%); the held-out split asks both equally often. The images travel inside the JSONL as data URLs (OpenAI
+content parts), so each split is one small file; the held-out split's images are drawn from another seed.
+Deterministic: running it again writes the same files.
 
     .venv/bin/python scripts/make_vision_example.py     # examples/vision_shapes.jsonl + vision_shapes_heldout.jsonl
 """

@@ -37,7 +37,7 @@ def built(tmp_path_factory, tiny_model_dir):
 
 
 def test_the_built_folder_loads_in_transformers_and_keeps_the_text_model(built, tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
     from roctune.vision import load_image_text
 
@@ -46,9 +46,13 @@ def test_the_built_folder_loads_in_transformers_and_keeps_the_text_model(built, 
     ids = torch.tensor([[1, 200, 300, 400, 500]])
     vocab = text.config.vocab_size
     assert torch.allclose(vlm(input_ids=ids).logits[..., :vocab], text(input_ids=ids).logits, atol=1e-5)
-    assert type(vlm).__name__ == "SmolVLMForConditionalGeneration" and vlm.config.vision_config.hidden_size == 32
+    assert type(vlm).__name__ == "Idefics3ForConditionalGeneration" and vlm.config.vision_config.hidden_size == 32
     it = load_image_text(built["model"])
     assert it.processor.image_seq_len == 4 and "roctune_content" in it.tokenizer.chat_template  # (32/8)^2 / 2^2
+    # AutoProcessor loads it without torchvision (SmolVLM's processor would need its video processor)
+    assert type(AutoProcessor.from_pretrained(built["model"])).__name__ == "Idefics3Processor"
+    assert it.processor.image_processor.do_image_splitting and it.tokenizer.convert_tokens_to_ids("<row_2_col_2>") \
+        != it.tokenizer.unk_token_id
 
 
 def test_the_fresh_tower_is_initialised_as_siglip_initialises_it(built):
@@ -101,14 +105,15 @@ def test_data_check_preview_and_estimate_count_image_tokens(built, capsys):
 
     assert main(["data", "check", built["data"], "--model", built["model"], "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["images"]["images"] == 4 and report["images"]["tokens_per_image"]["min"] == 7  # 4 + 3 markers
+    # a picture is 2 x 2 tiles and the whole picture, 4 tokens each, with their markers (<row_1_col_1> ...)
+    assert report["images"]["images"] == 4 and report["images"]["tokens_per_image"]["min"] == 33
     assert main(["data", "preview", built["data"], "--model", built["model"], "--json"]) == 0
     preview = json.loads(capsys.readouterr().out)
-    assert preview["images"][0]["tokens"] == 7 and any(s.get("image") == 0 for s in preview["segments"])
-    assert main(["estimate", "--model", built["model"], "--device", "cpu", "--images", "3", "--max-length", "64",
+    assert preview["images"][0]["tokens"] == 33 and any(s.get("image") == 0 for s in preview["segments"])
+    assert main(["estimate", "--model", built["model"], "--device", "cpu", "--images", "3", "--max-length", "128",
                  "--json", "--train-vision-tower"]) == 0
     est = json.loads(capsys.readouterr().out)
-    assert est["settings"]["tokens_per_image"] == 7 and est["breakdown_bytes"]["vision_activations"] > 0
+    assert est["settings"]["tokens_per_image"] == 33 and est["breakdown_bytes"]["vision_activations"] > 0
 
 
 @pytest.mark.parametrize("argv,names", [
@@ -133,7 +138,7 @@ def test_estimate_refuses_images_a_text_model_or_a_length_cannot_hold(built, tin
     monkeypatch.chdir(tmp_path)
     refused(["estimate", "--model", tiny_model_dir, "--images", "2"], capsys, "is not a vision-language model")
     refused(["estimate", "--model", built["model"], "--images", "10", "--max-length", "64", "--device", "cpu"],
-            capsys, "--max-length 64 cannot hold 10 image(s) of 7 tokens each")
+            capsys, "--max-length 64 cannot hold 10 image(s) of 33 tokens each")
 
 
 def test_overwrite_replaces_a_vision_run(built, tmp_path):

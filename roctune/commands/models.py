@@ -31,8 +31,8 @@ def register(sub) -> None:
     build.add_argument("--text", metavar="MODEL", help="the text model (default: the bundled SmolLM2-135M-Instruct)")
     build.add_argument("--vision", metavar="CONFIG.json", help="the vision tower's shape: a JSON object of "
                        "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, image_size, "
-                       "patch_size, scale_factor (default: 192 wide, 4 layers, 64x64 pixels in 8-pixel patches, "
-                       "16 tokens per image)")
+                       "patch_size, scale_factor (default: 192 wide, 4 layers, 32x32-pixel tiles in 8-pixel "
+                       "patches, 4 tokens per tile; a picture is 2x2 tiles and the whole picture, 20 tokens)")
     build.add_argument("--seed", type=int, default=0, help="seed of the fresh tower and projector (default 0)")
     build.set_defaults(func=run_build_vlm)
 

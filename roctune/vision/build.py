@@ -1,18 +1,26 @@
 """Build your own vision-language model (`roctune models build-vlm`), as HF's nanoVLM and SmolVLM do and as LLaVA's
 first stage starts: a text model and a vision encoder joined by a projector, saved as a standard transformers folder
-(SmolVLM's layout: weights, config, processor, chat template) that `roctune train --model DIR --train-vision-tower
---train-projector` then teaches to see, and that AutoModelForImageTextToText + AutoProcessor load.
+(SmolVLM's layout, in transformers' Idefics3 classes as SmolVLM's first release: weights, config, processor, chat
+template) that `roctune train --model DIR --train-vision-tower --train-projector` then teaches to see, and that
+AutoModelForImageTextToText + AutoProcessor load.
 
 - The text model (`--text`, default the bundled SmolLM2-135M-Instruct, which SmolVLM-256M is built on) keeps its
   weights; its tokenizer gets SmolVLM's image tokens (<image>, <fake_token_around_image>, <global-img>,
-  <end_of_utterance>), whose new embedding rows start at the mean of the existing ones.
+  <end_of_utterance>, the tiles' <row_R_col_C>), whose new embedding rows start at the mean of the existing ones.
 - The vision encoder (`--vision CONFIG.json`, default `SMALL_TOWER`: SigLIP's shape, scaled down for a CPU) is
-  freshly initialised (seeded): a picture becomes (image_size / patch_size)^2 patches, pixel-shuffled by
-  `scale_factor` into (that / scale_factor^2) image tokens.
+  freshly initialised (seeded, as SigLIP initialises: `init_tower_as_siglip`): a tile of image_size pixels becomes
+  (image_size / patch_size)^2 patches, pixel-shuffled by `scale_factor` into (that / scale_factor^2) image tokens.
+- Pictures are shown as SmolVLM shows them: scaled to TILES x image_size on their longer side, cut into tiles of
+  image_size, and the whole picture scaled to one tile after them. Why tiles for pictures this small: llama.cpp's
+  SmolVLM path always cuts tiles and adds the whole picture, so a model trained on the whole picture alone could
+  not be exported to GGUF (roctune.export.mmproj refuses it); trained this way, the GGUF sees what training saw.
 - The projector (SmolVLM's connector: one linear layer from the shuffled patches to the text model's hidden size)
   is freshly initialised too.
 - The chat template is the text model's own, taught to render content parts (an image part writes <image>), so the
   model is asked exactly as its language model was trained to be asked.
+- Idefics3's classes and not SmolVLM's: transformers' SmolVLM processor needs a video processor, which needs
+  torchvision, which PyPI's wheel does not import beside a CPU torch: the folder would not load with AutoProcessor
+  there. The weights, the layout and llama.cpp's projector type (idefics3) are the same.
 The folder is written under a temporary name and renamed when complete; an existing --output is never replaced.
 """
 from __future__ import annotations
@@ -26,14 +34,17 @@ import tempfile
 from roctune.errors import ConfigError, ModelError
 
 # SigLIP's layout (siglip-base-patch16: hidden 768, 12 layers, 12 heads, MLP 3072, patch 16, 224 px), scaled down to
-# train on a CPU in minutes: 64 x 64 pixels in 8 x 8 patches, 64 patches -> 16 image tokens after the 2x2 shuffle.
+# train on a CPU in minutes: 32 x 32-pixel tiles in 8 x 8 patches, 16 patches -> 4 image tokens after the 2x2
+# shuffle; a 64-pixel picture is 2 x 2 tiles and the whole picture: 20 image tokens.
 SMALL_TOWER = {"hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 3,
-               "image_size": 64, "patch_size": 8}
+               "image_size": 32, "patch_size": 8}
+TILES = 2  # tiles a side of a picture's longer edge (SmolVLM-256M: 512-pixel tiles, longest edge 2048, so 4)
 VISION_KEYS = {"hidden_size": int, "intermediate_size": int, "num_hidden_layers": int, "num_attention_heads": int,
                "image_size": int, "patch_size": int, "num_channels": int, "layer_norm_eps": float,
                "hidden_act": str, "attention_dropout": float, "scale_factor": int}
 IMAGE_TOKENS = {"image_token": "<image>", "fake_image_token": "<fake_token_around_image>",
                 "global_image_token": "<global-img>", "end_of_utterance_token": "<end_of_utterance>"}
+TILE_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, TILES + 1) for c in range(1, TILES + 1)]
 CONTENT_MACRO = ("{%- macro roctune_content(c) -%}{%- if c is string -%}{{ c }}{%- else -%}{%- for p in c -%}"
                  "{%- if p['type'] == 'image' -%}<image>{%- elif p['type'] == 'text' -%}{{ p['text'] }}{%- endif -%}"
                  "{%- endfor -%}{%- endif -%}{%- endmacro -%}")
@@ -115,8 +126,8 @@ def build_vlm(output: str, text: str | None = None, vision: str | None = None, s
 
 def _assemble(text_dir: str, tower: dict, seed: int, folder: str, text_name: str, log) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, SmolVLMConfig, SmolVLMForConditionalGeneration
-    from transformers import SmolVLMImageProcessorPil
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration
+    from transformers import Idefics3ImageProcessorPil
 
     from roctune.models import hf_progress_off
     from roctune.vision import processor_class
@@ -126,41 +137,51 @@ def _assemble(text_dir: str, tower: dict, seed: int, folder: str, text_name: str
         lm = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
     if not getattr(tok, "chat_template", None):
         raise ModelError(f"--text {text_name}: the text model has no chat template; give an instruct model")
+    tok.add_tokens(TILE_TOKENS, special_tokens=True)  # Idefics3's processor writes them as text: one token each
     template = parts_template(tok.chat_template, text_name)
     scale = tower.pop("scale_factor")
-    tokens_per_image = (tower["image_size"] // tower["patch_size"]) ** 2 // scale ** 2
-    # rows for the added image tokens drawn around the mean embedding (and output row): neither dominate nor vanish
+    tokens_per_tile = (tower["image_size"] // tower["patch_size"]) ** 2 // scale ** 2
+    _resize_embeddings(lm, len(tok), seed)
+    text_config = lm.config.to_dict()
+    config = Idefics3Config(text_config=text_config, vision_config=dict(tower), scale_factor=scale,
+                            image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKENS["image_token"]),
+                            tie_word_embeddings=bool(text_config.get("tie_word_embeddings")))
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config)
+    init_tower_as_siglip(model.model.vision_model)
+    _copy_text_weights(model, lm)
+    model.generation_config = lm.generation_config
+    with hf_progress_off():
+        model.save_pretrained(folder)
+    tile = tower["image_size"]
+    images = Idefics3ImageProcessorPil(size={"longest_edge": TILES * tile}, do_image_splitting=True,
+                                       max_image_size={"longest_edge": tile})
+    processor_class("Idefics3Processor")(image_processor=images, tokenizer=tok, image_seq_len=tokens_per_tile,
+                                         chat_template=template).save_pretrained(folder)
+    per_image = tokens_per_tile * (TILES * TILES + 1)
+    n_vision = sum(p.numel() for p in model.model.vision_model.parameters())
+    n_proj = sum(p.numel() for p in model.model.connector.parameters())
+    log(f"built a SmolVLM-layout model: {text_name} ({sum(p.numel() for p in lm.parameters()):,} parameters) + a "
+        f"fresh vision tower ({n_vision:,}: {tower['num_hidden_layers']} layers of {tower['hidden_size']}, "
+        f"{tile}x{tile}-pixel tiles in {tower['patch_size']}-pixel patches) + a fresh projector ({n_proj:,}); a "
+        f"square picture is {TILES}x{TILES} tiles and the whole picture: {per_image} image tokens")
+    return {"tokens_per_tile": tokens_per_tile, "tokens_per_image": per_image, "vision_parameters": n_vision,
+            "projector_parameters": n_proj}
+
+
+def _resize_embeddings(lm, size: int, seed: int) -> None:
+    """Rows for the added image tokens drawn around the mean embedding (and output row): neither dominate nor
+    vanish."""
+    import torch
     from transformers.utils import logging as hf_logging
 
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its note on how the rows are drawn, said here instead
     try:
-        lm.resize_token_embeddings(len(tok), mean_resizing=True)
+        lm.resize_token_embeddings(size, mean_resizing=True)
     finally:
         hf_logging.set_verbosity(verbosity)
-    text_config = lm.config.to_dict()
-    config = SmolVLMConfig(text_config=text_config, vision_config=dict(tower), scale_factor=scale,
-                           image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKENS["image_token"]),
-                           tie_word_embeddings=bool(text_config.get("tie_word_embeddings")))
-    torch.manual_seed(seed)
-    model = SmolVLMForConditionalGeneration(config)
-    init_tower_as_siglip(model.model.vision_model)
-    _copy_text_weights(model, lm)
-    model.generation_config = lm.generation_config
-    with hf_progress_off():
-        model.save_pretrained(folder)
-    images = SmolVLMImageProcessorPil(size={"longest_edge": tower["image_size"]}, do_image_splitting=False,
-                                      max_image_size={"longest_edge": tower["image_size"]})
-    processor_class("SmolVLMProcessor")(image_processor=images, tokenizer=tok, image_seq_len=tokens_per_image,
-                                        chat_template=template).save_pretrained(folder)
-    n_vision = sum(p.numel() for p in model.model.vision_model.parameters())
-    n_proj = sum(p.numel() for p in model.model.connector.parameters())
-    log(f"built a SmolVLM-layout model: {text_name} ({sum(p.numel() for p in lm.parameters()):,} parameters) + a "
-        f"fresh vision tower ({n_vision:,}: {tower['num_hidden_layers']} layers of {tower['hidden_size']}, "
-        f"{tower['image_size']}x{tower['image_size']} pixels in {tower['patch_size']}-pixel patches) + a fresh "
-        f"projector ({n_proj:,}); {tokens_per_image} tokens per image")
-    return {"tokens_per_image": tokens_per_image, "vision_parameters": n_vision, "projector_parameters": n_proj}
 
 
 def init_tower_as_siglip(tower) -> None:
