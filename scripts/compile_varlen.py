@@ -3,7 +3,7 @@
 tokens/s over steps 5-8 and 9-16, the compiled run's ratio to eager, the largest loss difference per step, and how
 many graphs dynamo compiled and recompiled (TORCH_LOGS=recompiles in the compiled run).
 
-    flock /tmp/cpu.lock python scripts/compile_varlen.py            # bundled model, 16 steps of 2, up to 256 tokens
+    flock /tmp/cpu.lock python scripts/compile_varlen.py --repeat 3  # bundled model, 16 steps of 2, up to 256 tokens
     python scripts/compile_varlen.py --json out.json --runs off,on   # `on` alone, or extra --train flags per run
 
 A run is `roctune train --compile SETTING` with --logging-steps 1; metrics.jsonl gives each step's tokens and time.
@@ -60,6 +60,11 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--runs", default="off,on", help="--compile settings to run, in order (default off,on)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of --runs, each round in the reverse order of the one before (off,on then on,off, "
+                         "...); each run is compared with the eager run of its own round, and the median ratio "
+                         "is printed. Why: on a shared 2-core machine the same run's tokens/s varies by more than "
+                         "the compile's gain from one minute to the next (measured 255-303 tok/s eager)")
     ap.add_argument("--json", help="write the table and the per-step rows here")
     args = ap.parse_args()
 
@@ -69,24 +74,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="roctune-compile-varlen-") as tmp:
         data = os.path.join(tmp, "alpaca.jsonl")
         make_dataset(data, args.steps * args.batch_size, seed=0)
-        for k, spec in enumerate(args.runs.split(",")):
-            results.append(run(spec, data, os.path.join(tmp, f"run{k}"), args))
-    eager = next((r for r in results if r["setting"] == "off"), None)
+        specs = args.runs.split(",")
+        for k in range(args.repeat):
+            for spec in (specs if k % 2 == 0 else specs[::-1]):
+                results.append(dict(run(spec, data, os.path.join(tmp, f"run{len(results)}"), args), round=k))
     print(f"\n{args.steps} steps of {args.batch_size}, alpaca-style lengths up to {args.max_length} tokens, CPU")
-    head = " | ".join(f"tok/s steps {lo}-{hi}" for lo, hi in WINDOWS)
-    print(f"| run | {head} | " + " | ".join(f"x eager {lo}-{hi}" for lo, hi in WINDOWS)
-          + " | first step s | recompiles | max loss diff |")
-    print("|" + "---|" * (4 + 2 * len(WINDOWS)))
-    for r in results:
-        tps = [window(r["rows"], lo, hi) for lo, hi in WINDOWS]
-        ratio = [t / window(eager["rows"], lo, hi) if eager else float("nan") for t, (lo, hi) in zip(tps, WINDOWS)]
-        diff = max((abs(a["loss"] - b["loss"]) for a, b in zip(r["rows"], eager["rows"])), default=0.0) if eager \
-            else float("nan")
-        r.update({"tokens_per_s": dict(zip([f"{lo}-{hi}" for lo, hi in WINDOWS], tps)),
-                  "x_eager": dict(zip([f"{lo}-{hi}" for lo, hi in WINDOWS], ratio)), "max_loss_diff": diff})
-        print(f"| --compile {r['setting']} | " + " | ".join(f"{t:,.1f}" for t in tps) + " | "
-              + " | ".join(f"{x:.2f}" for x in ratio)
-              + f" | {r['rows'][0]['step_time_s']:.1f} | {r['recompiles']} | {diff:.2e} |")
+    table(results)
+    medians(results)
     for r in results:
         print(f"{r['setting']}: {r['line']}")
         for reason in r["recompile_reasons"]:
@@ -96,6 +90,37 @@ def main() -> int:
             json.dump({"steps": args.steps, "batch_size": args.batch_size, "max_length": args.max_length,
                        "runs": results}, f, indent=2)
     return 0
+
+
+def table(results: list[dict]) -> None:
+    """One row per run: tokens/s per window, its ratio to its round's eager run, first step, recompiles, and the
+    largest per-step loss difference from that eager run."""
+    head = " | ".join(f"tok/s steps {lo}-{hi}" for lo, hi in WINDOWS)
+    print(f"| round | run | {head} | " + " | ".join(f"x eager {lo}-{hi}" for lo, hi in WINDOWS)
+          + " | first step s | recompiles | max loss diff |")
+    print("|" + "---|" * (5 + 2 * len(WINDOWS)))
+    for r in results:
+        eager = next((e for e in results if e["setting"] == "off" and e["round"] == r["round"]), None)
+        tps = [window(r["rows"], lo, hi) for lo, hi in WINDOWS]
+        ratio = [t / window(eager["rows"], lo, hi) if eager else float("nan") for t, (lo, hi) in zip(tps, WINDOWS)]
+        diff = max((abs(a["loss"] - b["loss"]) for a, b in zip(r["rows"], eager["rows"])), default=0.0) if eager \
+            else float("nan")
+        r.update({"tokens_per_s": dict(zip([f"{lo}-{hi}" for lo, hi in WINDOWS], tps)),
+                  "x_eager": dict(zip([f"{lo}-{hi}" for lo, hi in WINDOWS], ratio)), "max_loss_diff": diff})
+        print(f"| {r['round'] + 1} | --compile {r['setting']} | " + " | ".join(f"{t:,.1f}" for t in tps) + " | "
+              + " | ".join(f"{x:.2f}" for x in ratio)
+              + f" | {r['rows'][0]['step_time_s']:.1f} | {r['recompiles']} | {diff:.2e} |")
+
+
+def medians(results: list[dict]) -> None:
+    """Each setting's median ratio to eager over the rounds, per window."""
+    import statistics
+
+    for setting in dict.fromkeys(r["setting"] for r in results if r["setting"] != "off"):
+        mine = [r for r in results if r["setting"] == setting]
+        parts = [f"steps {lo}-{hi} {statistics.median(r['x_eager'][f'{lo}-{hi}'] for r in mine):.2f}x"
+                 for lo, hi in WINDOWS]
+        print(f"--compile {setting}: median over {len(mine)} round(s) against eager: " + ", ".join(parts))
 
 
 if __name__ == "__main__":
