@@ -302,3 +302,30 @@ if __name__ == "__main__":  # every family of the table (minutes): python tests/
             bad += not ok
             print(f"{fam:10s} {backend} {'ok ' if ok else 'BAD'} {r}", flush=True)
     sys.exit(1 if bad else 0)
+
+
+@pytest.mark.parametrize("head_kw", [{}, {"divisor": 4.0}, {"softcap": 30.0}])
+def test_compiled_output_layer_chunks_equal_eager_and_stay_on_their_model(head_kw):
+    """--compile on compiles the output layer's chunks too (losses.compile_head): the same log-probabilities and
+    hidden-state gradients as the eager chunks (Granite's divisor and Gemma 2's soft cap included), over several
+    chunks; the compiled form is kept on its model, and uncompiling removes it."""
+    from roctune.training import compiled, losses
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(700, 16, generator=gen)
+    weight, targets = torch.randn(4096 * 3, 16, generator=gen) * 0.3, torch.randint(0, 4096 * 3, (700,), generator=gen)
+    head = losses.Head(**head_kw)
+    model = torch.nn.Linear(2, 2)
+    losses.compile_head(model, backend="aot_eager")
+    chunk = getattr(model, losses.CHUNK_ATTR)
+    runs = {}
+    for name, fn in (("eager", None), ("compiled", chunk)):
+        h = hidden.clone().requires_grad_(True)
+        logp = losses.token_logprobs(h, weight, targets, head, fn)
+        (logp * torch.linspace(0.5, 1.5, 700)).sum().backward()
+        runs[name] = (logp.detach(), h.grad)
+    assert 700 > losses.CHUNK_ELEMENTS // weight.shape[0]  # several chunks
+    assert torch.allclose(runs["compiled"][0], runs["eager"][0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(runs["compiled"][1], runs["eager"][1], rtol=1e-5, atol=1e-6)
+    compiled.uncompile_layers(model)
+    assert not hasattr(model, losses.CHUNK_ATTR)

@@ -43,53 +43,85 @@ class Head:
         return logits
 
 
+def _chunk(hidden, weight, targets, divisor: float, softcap: float | None, want_grad: bool):
+    """One chunk of rows: (log p(target) per row, d logp / d hidden or None). The logits live only here."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = F.linear(hidden, weight).float()
+    if divisor != 1:
+        logits = logits / divisor
+    capped = torch.tanh(logits / softcap) if softcap else None
+    logp = torch.log_softmax(capped * softcap if softcap else logits, dim=-1)
+    t = targets.unsqueeze(1)
+    out = logp.gather(1, t).squeeze(1)
+    if not want_grad:
+        return out, None
+    # d logp_t / d logits = onehot(t) - softmax, then back through the head (in place: one chunk-sized buffer)
+    probs = logp.exp_().neg_()
+    probs.scatter_add_(1, t, torch.ones_like(t, dtype=probs.dtype))
+    if capped is not None:  # d (cap * tanh(z / cap)) / dz = 1 - tanh^2
+        probs.mul_(1 - capped.square_())
+    if divisor != 1:
+        probs.div_(divisor)
+    return out, (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+
+
+CHUNK_ATTR = "_roctune_compiled_head"  # on the transformers model: its compiled `_chunk` (set by compile_head)
+
+
+def compile_head(model, backend: str = "inductor") -> None:
+    """Run `model`'s output-layer chunks through torch.compile (with --compile on: roctune.training.compiled); kept
+    on the model, so another model in the process (tests) stays eager.
+
+    Why: the chunk is a matmul and then five passes over a [rows x vocabulary] tensor (log-softmax, gather, exp,
+    scatter, scale); inductor fuses the passes. It sits outside the compiled decoder layers, and was a tenth of a
+    compiled step's time on the bundled model (py-spy, variable-length SFT on the CPU)."""
+    import torch
+
+    setattr(_base(model), CHUNK_ATTR, torch.compile(_chunk, dynamic=True, backend=backend))
+
+
+def uncompile_head(model) -> None:
+    _base(model).__dict__.pop(CHUNK_ATTR, None)
+
+
 @functools.lru_cache(maxsize=1)
 def _token_logprobs_class():
     import torch
-    import torch.nn.functional as F
 
     class TokenLogprobs(torch.autograd.Function):
         """log p(target) per row of `hidden` under a frozen output layer `weight` and the `Head`'s transform,
         chunk by chunk; saves d logp / d hidden (rows x hidden) for backward instead of the logits."""
 
         @staticmethod
-        def forward(ctx, hidden, weight, targets, head):
+        def forward(ctx, hidden, weight, targets, head, run):
             n = hidden.shape[0]
             out = torch.empty(n, dtype=torch.float32, device=hidden.device)
-            grads = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+            want = ctx.needs_input_grad[0]
+            grads = torch.empty_like(hidden) if want else None
             step = max(1, CHUNK_ELEMENTS // weight.shape[0])
             for s in range(0, n, step):
                 # log_softmax is row-wise, so chunking rows gives exactly the numbers of the unchunked path
-                logits = F.linear(hidden[s:s + step], weight).float()
-                if head.divisor != 1:
-                    logits = logits / head.divisor
-                capped = torch.tanh(logits / head.softcap) if head.softcap else None
-                logp = torch.log_softmax(capped * head.softcap if head.softcap else logits, dim=-1)
-                t = targets[s:s + step].unsqueeze(1)
-                out[s:s + step] = logp.gather(1, t).squeeze(1)
-                if grads is not None:  # d logp_t / d logits = onehot(t) - softmax, then back through the head
-                    probs = logp.exp_().neg_()
-                    probs.scatter_add_(1, t, torch.ones_like(t, dtype=probs.dtype))
-                    if capped is not None:  # d (cap * tanh(z / cap)) / dz = 1 - tanh^2
-                        probs.mul_(1 - capped.square_())
-                    if head.divisor != 1:
-                        probs.div_(head.divisor)
-                    grads[s:s + step] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+                logp, grad = run(hidden[s:s + step], weight, targets[s:s + step], head.divisor, head.softcap, want)
+                out[s:s + step] = logp
+                if grad is not None:
+                    grads[s:s + step] = grad
             ctx.save_for_backward(grads)
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
             (grads,) = ctx.saved_tensors
-            return grads * grad_out.unsqueeze(1).to(grads.dtype), None, None, None
+            return grads * grad_out.unsqueeze(1).to(grads.dtype), None, None, None, None
 
     return TokenLogprobs
 
 
-def token_logprobs(hidden, weight, targets, head: Head = Head()):
+def token_logprobs(hidden, weight, targets, head: Head = Head(), chunk=None):
     """log-probabilities of `targets` under logits head.apply(hidden @ weight.T), shape [rows], for a frozen
-    weight."""
-    return _token_logprobs_class().apply(hidden, weight, targets, head)
+    weight; `chunk`: the compiled form of `_chunk` to run each chunk with (compile_head), else `_chunk`."""
+    return _token_logprobs_class().apply(hidden, weight, targets, head, chunk or _chunk)
 
 
 def _base(model):
@@ -147,7 +179,8 @@ def supervised_logits(model, batch, head: Head | None):
 def _chunked_logprobs(model, batch, weight, head: Head):
     """(logp, mask) through `token_logprobs` with the frozen output layer `weight`."""
     targets, mask = _targets(batch)
-    return token_logprobs(_predicting(batch, _hidden(model, batch))[mask], weight, targets[mask], head), mask
+    return token_logprobs(_predicting(batch, _hidden(model, batch))[mask], weight, targets[mask], head,
+                          getattr(_base(model), CHUNK_ATTR, None)), mask
 
 
 def supervised_logprobs(model, batch, head: Head | None):
