@@ -280,30 +280,6 @@ def test_selftest_reports_why_fused_kernels_are_not_checked_on_the_cpu():
     assert "CPU: Triton kernels run on GPUs only" in found[0].message
 
 
-if __name__ == "__main__":  # every family of the table (minutes): python tests/test_compile.py [BACKEND]
-    import os
-    import pathlib
-    import tempfile
-
-    from roctune.models import resolve_model
-
-    backend = sys.argv[1] if len(sys.argv) > 1 else "inductor"
-    base = resolve_model(None)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = write_jsonl(f"{tmp}/sft.jsonl", [{"messages": c} for c in CHATS])
-        bad = 0
-        for fam in family_models.CONFIGS:
-            torch._dynamo.reset()
-            os.makedirs(f"{tmp}/{fam}")
-            r = _compare_family(family_models.build(fam, f"{tmp}/{fam}", base), data,
-                                pathlib.Path(tmp) / f"{fam}-run", backend)
-            ok = all(r[n]["loss_diff"] < 1e-5 and r[n]["grad_diff"] < 1e-4 for n in ("full", "short"))
-            ok = ok and r["short"]["new_graphs"] == 0
-            bad += not ok
-            print(f"{fam:10s} {backend} {'ok ' if ok else 'BAD'} {r}", flush=True)
-    sys.exit(1 if bad else 0)
-
-
 @pytest.mark.parametrize("head_kw", [{}, {"divisor": 4.0}, {"softcap": 30.0}])
 def test_compiled_output_layer_chunks_equal_eager_and_stay_on_their_model(head_kw):
     """--compile on compiles the output layer's chunks too (losses.compile_head): the same log-probabilities and
@@ -329,3 +305,28 @@ def test_compiled_output_layer_chunks_equal_eager_and_stay_on_their_model(head_k
     assert torch.allclose(runs["compiled"][1], runs["eager"][1], rtol=1e-5, atol=1e-6)
     compiled.uncompile_layers(model)
     assert not hasattr(model, losses.CHUNK_ATTR)
+
+
+if __name__ == "__main__":  # every family of the table (minutes): python tests/test_compile.py [BACKEND]
+    import os
+    import pathlib
+    import tempfile
+
+    from roctune.models import resolve_model
+
+    backend = sys.argv[1] if len(sys.argv) > 1 else "inductor"
+    base = resolve_model(None)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_jsonl(f"{tmp}/sft.jsonl", [{"messages": c} for c in CHATS])
+        bad = 0
+        for fam in family_models.CONFIGS:
+            torch._dynamo.reset()
+            os.makedirs(f"{tmp}/{fam}")
+            r = _compare_family(family_models.build(fam, f"{tmp}/{fam}", base), data,
+                                pathlib.Path(tmp) / f"{fam}-run", backend)
+            ok = all(r[n]["loss_diff"] < 1e-5 and r[n]["grad_diff"] < 1e-4 for n in ("full", "short"))
+            ok = ok and r["short"]["new_graphs"] == 0
+            bad += not ok
+            print(f"{fam:10s} {backend} {'ok ' if ok else 'BAD'} {r}", flush=True)
+    sys.exit(1 if bad else 0)
+
