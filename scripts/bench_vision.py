@@ -1,11 +1,12 @@
 """Speed and memory of a LoRA step with images, roctune against transformers + PEFT on the same batches, and
 `roctune estimate` against roctune's measured peak (issue 48).
 
-The model is the one `roctune models build-vlm` assembles (the bundled SmolLM2-135M-Instruct and a fresh
-SigLIP-shaped tower, SmolVLM's layout). Every example holds IMAGES pictures (64 x 64: 2 x 2 tiles and the whole
-picture, one token span of 33 tokens each) and a question about them, all about the same length. Each run is its own child process (its peak RSS is its
-alone), with the same examples in the same order (no length grouping), the same LoRA (r 8 on the language model's
-q/k/v/o; with --train-vision the tower and projector trained whole beside it), AdamW at the same learning rate:
+The model is the one `roctune models build-vlm` assembles (the bundled SmolLM2-135M-Instruct and a fresh SigLIP-shaped
+tower, SmolVLM's layout). Every example holds IMAGES pictures (64 x 64: 2 x 2 tiles and the whole picture, one token
+span of 33 tokens each) and a question about them, all about the same length. Each run is its own child process (its
+peak RSS is its alone), with the same examples in the same order (no length grouping), the same LoRA (r 8 on the
+language model's q/k/v/o; with --train-vision the tower and projector trained whole beside it), AdamW at the same
+learning rate:
 - roctune: `roctune train` (recipes.train);
 - baseline: transformers' Trainer + PEFT get_peft_model, batches of roctune's token ids and labels (the same tokens
   the processor makes, tests/test_vision.py) padded by a collator, pixels from the model's processor, the model's
