@@ -78,8 +78,8 @@ def by_chat(work: str, rows: list[dict]) -> dict:
             f.write(base64.b64decode(url.split(",", 1)[1]))
         out = roctune("chat", "--adapter", os.path.join(work, "run"), "--image", picture, "--max-new-tokens", "6",
                       stdin=f"{question}\n/quit\n")
-        said.append(next((line.split(">", 1)[1].strip() for line in out.splitlines() if line.startswith("fine-tuned>")
-                          or line.startswith("assistant>") or line.startswith("model>")), out.strip()[-40:]))
+        said.append(next((line.split(">", 1)[1].strip() for line in out.splitlines()
+                          if line.startswith("assistant>")), out.strip()[-40:]))
     return {"right": tally(rows, said), "answers": said}
 
 
