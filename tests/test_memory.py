@@ -1,6 +1,7 @@
 """Tests of the memory estimate (roctune.memory) and `roctune estimate`: breakdowns of tiny configs worked
 out by hand, parameter counts of real models, the sanity checks of issue 6, and the estimate against peaks
-measured on the CPU (tests/data/memory_measured_cpu.json, written by scripts/measure_memory.py)."""
+measured on the CPU (tests/data/memory_measured_cpu.json, written by scripts/measure_memory.py; peak RSS in
+tests/data/rss_measured_cpu.json, written by scripts/measure_rss.py)."""
 from __future__ import annotations
 
 import json
@@ -357,6 +358,49 @@ def test_qlora_weights_against_bitsandbytes():
     measured = _load("memory_measured_cpu.json")["qlora_weights"]["bytes"]
     est = estimate("SmolLM2-135M", method="qlora", dtype="bf16").breakdown["weights"]
     assert abs(est - measured) / measured < 0.01
+
+
+def _cpu_run(batch_size: int, max_length: int):
+    from roctune.config import TrainConfig
+
+    return TrainConfig(data=["x.jsonl"], batch_size=batch_size, grad_accum=1, max_length=max_length, lora_r=8,
+                       lora_alpha=16, lora_dropout=0.0, device="cpu", group_by_length=False)
+
+
+def test_cpu_estimate_against_measured_peak_rss():
+    """`train`'s estimate on the CPU (the process and the heap's holes included) against the peak RSS of real
+    `roctune train` runs (tests/data/rss_measured_cpu.json, scripts/measure_rss.py): each within 15%, which the
+    estimate without the holes was not."""
+    from roctune.memory.estimate import CPU_HEAP_HOLES
+    from roctune.memory.plan import estimate_run
+
+    table = _load("rss_measured_cpu.json")
+    assert len(table["runs"]) >= 12 and len({(r["batch_size"], r["max_length"]) for r in table["runs"]}) >= 4
+    worst_without = 0.0
+    for r in table["runs"]:
+        est = estimate_run(table["model"], _cpu_run(r["batch_size"], r["max_length"]), device="cpu")
+        assert est.settings["rss"] and est.settings["heap_holes"]
+        err = est.total_bytes / (r["peak_rss_gib"] * GiB) - 1
+        assert abs(err) <= 0.15, f"{r}: estimated {est.total_bytes / GiB:.3f} GiB, {100 * err:+.1f}%"
+        without = est.total_bytes - CPU_HEAP_HOLES * est.breakdown["activations"]
+        worst_without = min(worst_without, without / (r["peak_rss_gib"] * GiB) - 1)
+    assert worst_without < -0.15
+
+
+def test_heap_holes_only_where_the_heap_holds_the_activations():
+    """Below LONG_SEQUENCE a CPU run keeps the heap and its estimate adds the holes; from there on each large
+    allocation is mapped (the same roctune.memory.plan.maps_large_allocations decides both) and only the process is
+    added; a GPU has neither."""
+    from roctune.memory.estimate import CPU_HEAP_HOLES, CPU_PROCESS_BYTES
+    from roctune.memory.plan import LONG_SEQUENCE, estimate_run, maps_large_allocations
+
+    short = estimate_run("SmolLM2-135M", _cpu_run(1, LONG_SEQUENCE - 64), device="cpu")
+    long = estimate_run("SmolLM2-135M", _cpu_run(1, LONG_SEQUENCE), device="cpu")
+    assert not maps_large_allocations("cpu", LONG_SEQUENCE - 64) and maps_large_allocations("cpu", LONG_SEQUENCE)
+    assert short.breakdown["overhead"] == int(CPU_PROCESS_BYTES + CPU_HEAP_HOLES * short.breakdown["activations"])
+    assert long.breakdown["overhead"] == CPU_PROCESS_BYTES and not long.settings["heap_holes"]
+    gpu = estimate_run("SmolLM2-135M", _cpu_run(1, 512), device="cuda")
+    assert not gpu.settings["heap_holes"] and not maps_large_allocations("cuda", 512)
 
 
 GPU_TABLES = sorted(f for f in os.listdir(DATA) if f.startswith("memory_measured") and f.endswith(".json")

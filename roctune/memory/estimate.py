@@ -17,8 +17,9 @@ plus framework/allocator overhead:
     logits_loss         the fp32 cross-entropy: log-softmax output, its gradient and the logits' gradient,
                         each tokens x vocabulary x 4 bytes (scaled by `supervised_fraction` when the
                         output layer runs only at supervised positions)
-    overhead            GPU only: ~0.5 GiB for the CUDA/HIP context and library workspaces, plus 10% of
-                        the activation-sized allocations for allocator fragmentation
+    overhead            GPU: ~0.5 GiB for the CUDA/HIP context and library workspaces, plus 10% of the
+                        activation-sized allocations for allocator fragmentation; CPU with `rss`: the process
+                        itself and (`heap_holes`) the C heap's holes beside the activations
 
 Activation model (Hugging Face decoder layer, RMSNorm, gated MLP): the norm saves its input in fp32; a
 linear layer saves its input only when its weight is trained or it carries a LoRA adapter (peft gives each
@@ -35,7 +36,8 @@ by scripts/measure_memory.py). Not yet checked against a GPU.
 Long sequences (`long_context`, `chunked_head`, `rss`: what roctune.memory.plan.estimate_run sets as `train` runs
 them): the checkpointed layers keep their inputs, the recomputed one its MLP a tile at a time, the output layer
 keeps hidden-wide gradients instead of vocabulary-wide logits, and on the CPU the process's own memory is added so
-the figure compares with peak RSS (scripts/bench_long_context.py prints both).
+the figure compares with peak RSS (scripts/bench_long_context.py prints both); shorter runs on the CPU add the heap's
+holes too (`heap_holes`, CPU_HEAP_HOLES), which long ones avoid by mapping each large allocation.
 """
 from __future__ import annotations
 
@@ -62,6 +64,16 @@ FRAGMENTATION = 0.10
 # A roctune training process on the CPU before its first tensor: the interpreter, torch, transformers, peft and
 # roctune imported (measured RSS 0.385 GiB, Python 3.12, torch 2.13); added with rss=True.
 CPU_PROCESS_BYTES = int(0.38 * GiB)
+# On the CPU, the share of the activations that glibc's heap keeps resident as holes beside them (added with
+# heap_holes=True). Activations under 32 MiB each come from the heap (glibc's mmap threshold rises to the size of each
+# freed mapping, up to 32 MiB), and a step frees and re-makes them in an order that leaves freed ones resident as holes
+# the next sizes do not fit. Measured by scripts/measure_rss.py (peak RSS less the rest of the estimate, LoRA steps of
+# the bundled model at 4 x 181 to 8 x 256 and 2 x 1,024 tokens, tests/data/rss_measured_cpu.json; and of the assembled
+# vision model, scripts/bench_vision.py): 0.0-0.7 of the activations, most runs 0.3-0.6, varying between identical
+# runs; 0.33 keeps every measured run within 15%. Giving every allocation its own mapping removes the holes
+# (roctune.hardware.allocator) but cost a third of the speed at these lengths, so roctune maps only long sequences
+# (roctune.memory.plan.maps_large_allocations), whose estimate leaves the holes out.
+CPU_HEAP_HOLES = 0.33
 # roctune.training.losses.CHUNK_ELEMENTS (logit elements per chunk of the chunked output layer); memory imports no
 # torch, so the number is repeated here and tests/test_long_context.py checks the two agree.
 HEAD_CHUNK_ELEMENTS = 8 * 2 ** 20
@@ -136,6 +148,7 @@ class _Run:
     offload: bool = False       # checkpointed layer inputs in host memory
     chunked_head: bool = False  # the frozen output layer run in chunks (roctune.training.losses)
     rss: bool = False
+    heap_holes: bool = False
 
     @property
     def T(self) -> int:  # tokens per micro-batch
@@ -337,6 +350,18 @@ def _not_concurrent(r: _Run, act, recompute, logits, grads, step_ws, details: di
     return peak_dynamic - together
 
 
+def _overhead(r: _Run, act: float, logits: float, details: dict) -> float:
+    """What is resident beside the live tensors: the GPU context and allocator fragmentation; on the CPU with
+    `rss`, the process itself and, with `heap_holes`, the heap's holes beside the activations (CPU_HEAP_HOLES)."""
+    if r.rss:
+        holes = CPU_HEAP_HOLES * act if r.heap_holes else 0
+        details["overhead"] = ("the process itself: interpreter and libraries (peak RSS counts them)" +
+                               (f" + {CPU_HEAP_HOLES:.0%} of activations (holes in the C heap)" if holes else ""))
+        return CPU_PROCESS_BYTES + holes
+    details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
+    return (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if r.device == "cuda" else 0
+
+
 def _settings(r: _Run, p: _Params) -> dict:
     settings = {"method": r.method, "batch_size": r.B, "max_length": r.L,
                 "lora_r": r.lora_r if r.lora else None,
@@ -345,7 +370,8 @@ def _settings(r: _Run, p: _Params) -> dict:
                 "supervised_fraction": r.supervised_fraction,
                 "lora_dropout": r.lora_dropout if (r.lora and r.lora_dropout > 0) else 0.0,
                 "device": r.device, "grad_accum": r.grad_accum, "autocast": r.autocast,
-                "long_context": r.long_context, "offload": r.offload, "chunked_head": r.chunked_head, "rss": r.rss}
+                "long_context": r.long_context, "offload": r.offload, "chunked_head": r.chunked_head, "rss": r.rss,
+                "heap_holes": r.heap_holes}
     if r.row.trains_base and not r.row.trains_all:
         settings["freeze_trainable_layers"] = p.trained_layers
     return settings
@@ -356,7 +382,7 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
              optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
              freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
              grad_accum: int = 1, autocast: bool | None = None, long_context: bool = False, offload: bool = False,
-             chunked_head: bool = False, rss: bool = False) -> MemoryEstimate:
+             chunked_head: bool = False, rss: bool = False, heap_holes: bool = False) -> MemoryEstimate:
     """Estimate the peak memory of one training step. See the module docstring for what is counted.
 
     config: a transformers PretrainedConfig, a config dict, a model directory/config.json/GGUF path, a hub
@@ -374,13 +400,16 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
     is the larger of the two (this matters for full/freeze, where gradients are as large as the weights).
     long_context (with grad_checkpointing): the MLP runs in sequence tiles inside the checkpointed layers;
     offload: their inputs wait in host memory (GPU); chunked_head: the frozen output layer runs in chunks (roctune's
-    loss at supervised positions); rss: on the CPU, add the process's own memory (for comparing with peak RSS).
+    loss at supervised positions); rss: on the CPU, add the process's own memory (for comparing with peak RSS);
+    heap_holes (with rss): add the heap's holes beside the activations (CPU_HEAP_HOLES; not where every large
+    allocation gets its own mapping, roctune.hardware.allocator).
     roctune.memory.plan.estimate_run sets these as `train` does.
     """
     arch = config if isinstance(config, Architecture) else Architecture.from_config(config)
     r = _checked_run(arch, method, batch_size, max_length, lora_r, dtype, grad_checkpointing, attn, optimizer,
                      supervised_fraction, lora_dropout, padded, device, grad_accum, autocast,
-                     long_context=long_context, offload=offload, chunked_head=chunked_head, rss=rss)
+                     long_context=long_context, offload=offload, chunked_head=chunked_head, rss=rss,
+                     heap_holes=heap_holes)
     notes: list[str] = []
     details: dict[str, str] = {}
     p = _parameters(r, target_modules, freeze_trainable_layers, details)
@@ -400,11 +429,7 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
         details["logits_loss"] = f"{sup_tokens:,.0f} positions x {arch.vocab:,} vocab x 12 bytes (fp32 loss + gradients)"
     step_ws = _step_workspace(r, p, details)
     not_together = _not_concurrent(r, act, recompute, logits, grads, step_ws, details)
-    overhead = (GPU_CONTEXT_BYTES + FRAGMENTATION * (act + logits)) if r.device == "cuda" else 0
-    details["overhead"] = "GPU context and workspaces 0.5 GiB + 10% of activations (fragmentation)"
-    if r.rss:
-        overhead = CPU_PROCESS_BYTES
-        details["overhead"] = "the process itself: interpreter and libraries (peak RSS counts them)"
+    overhead = _overhead(r, act, logits, details)
     breakdown = {"weights": int(p.weights), "trainable_params": int(p.trainable_bytes),
                  "autocast_copies": int(p.copies), "gradients": int(grads), "optimizer_states": int(opt_bytes),
                  "activations": int(act), "logits_loss": int(logits), "optimizer_step": int(step_ws),

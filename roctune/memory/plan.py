@@ -56,6 +56,13 @@ def choose_checkpointing(asked: bool, max_length: int, device: str, offload: str
                                        "without; --grad-checkpointing forces it")
 
 
+def maps_large_allocations(device: str, max_length: int) -> bool:
+    """Whether a run maps each large CPU allocation on its own (roctune.hardware.allocator): on the CPU from
+    LONG_SEQUENCE tokens on, where a checkpointed step's holes in the heap would outgrow the step (issue 36); shorter
+    steps keep the heap (mapping cost a third of their speed) and the estimate counts its holes."""
+    return device == "cpu" and max_length >= LONG_SEQUENCE
+
+
 def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str | None = None,
                  batch_size: int | None = None, max_length: int | None = None, supervised_fraction: float = 1.0,
                  packed: bool = False, images: int = 0, vision_model: str | None = None):
@@ -84,7 +91,8 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
                     freeze_trainable_layers=abs(int(cfg.freeze_trainable_layers)), lora_dropout=cfg.lora_dropout,
                     grad_accum=cfg.grad_accum, padded=not packed and B > 1, device=device,
                     supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0,
-                    optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked)
+                    optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked,
+                    heap_holes=device == "cpu" and not maps_large_allocations(device, L))
     if plan.offload:
         est.notes.append(f"checkpointed layer inputs offloaded: {est.host_bytes / 2**30:.2f} GiB of pinned host "
                          f"memory, not in the GPU total ({plan.reason})")

@@ -7,16 +7,18 @@ largest size --image-max-pixels lets through (`tokens_per_image`), so an estimat
 how many of the tokens they take. Added here, from the config's module tree on the meta device (no weights):
 - the tower's and projector's weights (frozen: in the compute dtype);
 - what trains of them (the projector whole, the tower whole or, with --vision-tower-lora, its adapters): fp32 weights,
-  gradients
-  and AdamW's two moments, 16 bytes per trained parameter;
+  gradients and AdamW's two moments, 16 bytes per trained parameter;
 - the tower's activations kept for backward, only when the tower trains (a frozen tower runs without a graph:
   its input has no gradient and its weights want none): per image patch and layer, the saved inputs of its norms,
-  projections and MLP (8 x hidden + 2 x intermediate values); with only the projector training, its input.
+  projections and MLP (8 x hidden + 2 x intermediate values); with only the projector training, its input;
+- on the CPU, where the language model's estimate counts the heap's holes, the same share of these activations
+  (roctune.memory.estimate.CPU_HEAP_HOLES) in its overhead line.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from roctune.memory.estimate import CPU_HEAP_HOLES
 from roctune.memory.result import MemoryEstimate
 from roctune.method_rows import METHODS
 
@@ -124,6 +126,8 @@ def add_vision(est: MemoryEstimate, shape: VisionShape, *, method: str, dtype_by
         "vision_trained": f"{trained:,} trained vision parameters x {TRAINED_BYTES} bytes (weight, gradient, AdamW)",
         "vision_activations": (f"{images} image(s) x {shape.patches_per_image:,} patches x {shape.layers} tower "
                                "layers kept for backward" if train_tower else "the projector's input, kept")})
+    if est.settings.get("heap_holes"):  # the tower's activations leave holes in the C heap as the language model's do
+        est.breakdown["overhead"] += int(CPU_HEAP_HOLES * kept)
     est.total_params += shape.tower_params + shape.projector_params
     est.trainable_params += trained
     est.settings.update({"images": images, "tokens_per_image": shape.tokens_per_image})

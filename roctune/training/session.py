@@ -190,9 +190,9 @@ def build_trainable(cfg, setup: Setup, base_model: str, say, scalar_head: bool =
     if ckpt is not None and ckpt.on:  # chosen in `choose`, with its reason (roctune.memory.plan)
         tiles = plan.family if "gated_mlp" in plan.on else None
         log.info("long sequences: %s", long_sequence_layers(model, ckpt.offload, tiles))
-        from roctune.memory.plan import LONG_SEQUENCE
+        from roctune.memory.plan import maps_large_allocations
 
-        if setup.device == "cpu" and cfg.max_length >= LONG_SEQUENCE:
+        if maps_large_allocations(setup.device, cfg.max_length):
             from roctune.hardware.allocator import map_large_allocations
 
             map_large_allocations()  # freed tensors leave the process at once (see there)
