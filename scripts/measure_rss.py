@@ -3,8 +3,9 @@ estimate's CPU allowances (roctune.memory.estimate: CPU_PROCESS_BYTES, CPU_HEAP_
 tests/data/rss_measured_cpu.json, which tests/test_memory.py checks the estimate against.
 
 Each run is its own child process (its peak RSS, ru_maxrss, is its alone): LoRA r 8 (alpha 16, no dropout) on
-q/k/v/o, fp32, AdamW, batches in file order (no length grouping), of records of random words that fill --max-length. A thread samples RSS and glibc's mallinfo2 every 3 ms, so the row also says how much of the heap was
-in use and how much was free (holes) at the peak. Run it alone (two cores: another process moves the figures):
+q/k/v/o, fp32, AdamW, batches in file order (no length grouping), of records of random words that fill --max-length.
+A thread samples RSS and glibc's mallinfo2 every 3 ms, so the row also says how much of the heap was in use and how
+much was free (holes) at the peak. Run it alone (two cores: another process moves the figures):
 
     flock /tmp/cpu.lock .venv/bin/python scripts/measure_rss.py --shapes 4x181,8x256,2x512,2x1024 --repeat 2
 """
