@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from roctune import rundir
+from roctune.data.images import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
 from roctune.data.render import render_prompt
 from roctune.errors import RoctuneError
 
@@ -23,6 +24,18 @@ class Loaded:
     adapter: str | None
     device: str
     processor: object = None  # a vision model's processor (images to pixel values and image tokens); None: text only
+    image_pixels: tuple[int, int] = (DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS)  # (max, min) for a picture: image_pixels
+
+
+def image_pixels(run: "str | rundir.Run | None") -> tuple[int, int]:
+    """(max, min) pixels a picture is scaled to at inference: the run's --image-max-pixels and --image-min-pixels
+    (run.yaml), so the model sees a picture at the size, and with its token count, it trained on; the defaults
+    without a run (a base or merged model, a run without images)."""
+    run = rundir.open(run) if isinstance(run, str) else run
+    if run is None:
+        return DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
+    return (int(run.setting("image_max_pixels", DEFAULT_MAX_PIXELS)),
+            int(run.setting("image_min_pixels", DEFAULT_MIN_PIXELS)))
 
 
 def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | None = None, device: str = "auto",
@@ -36,6 +49,7 @@ def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | N
     from roctune.models import fit_attention, load_model, load_tokenizer, resolve_model
 
     run = rundir.open(adapter) if isinstance(adapter, str) else adapter
+    pixels = image_pixels(run)
     base_name = model
     if run is not None:
         rundir.refuse_scorer(run)
@@ -67,7 +81,7 @@ def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | N
 
         m = load_adapter(m, run.path)
     m.eval()
-    return Loaded(m, tokenizer, base, run.path if run else None, dev, processor)
+    return Loaded(m, tokenizer, base, run.path if run else None, dev, processor, pixels)
 
 
 def is_vision_model(path: str) -> bool:

@@ -98,6 +98,34 @@ def test_chat_with_an_image_answers_as_generate_does(tmp_path, monkeypatch, caps
     assert said == with_image and with_image != without
 
 
+def test_pictures_at_inference_are_scaled_as_the_run_trained_them(tmp_path, tiny_vlm_dir, vlm_lora_dir):
+    """A run trained with --image-max-pixels / --image-min-pixels (run.yaml): `chat --image` and the web UI's border
+    (open_image with the run's pixels), the server's border (the request budget of the adapter it asks for) and
+    load_for_inference scale a 64 x 64 picture to 40 x 40, as training did; a run that does not say, the defaults."""
+    import shutil
+
+    from roctune import rundir
+    from roctune.data.images import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, data_url, open_image
+    from roctune.generate import image_pixels, load_for_inference
+    from roctune.serve import build_engine
+    from roctune.serve.images import ImageSettings, budget_for, image_part
+
+    run = str(tmp_path / "run")
+    shutil.copytree(vlm_lora_dir, run)
+    rundir.write_run(run, {"base_model": tiny_vlm_dir,
+                           "config": {"method": "lora", "image_max_pixels": 40 * 40, "image_min_pixels": 16 * 16}})
+    assert image_pixels(run) == (1600, 256)
+    assert image_pixels(vlm_lora_dir) == image_pixels(None) == (DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS)
+    picture().save(tmp_path / "q.png")
+    assert open_image(str(tmp_path / "q.png"), "--image", pixels=image_pixels(run)).size == (40, 40)
+    assert load_for_inference(run, device="cpu", dtype="fp32").image_pixels == (1600, 256)
+    engine = build_engine(tiny_vlm_dir, [("tuned", run), ("plain", vlm_lora_dir)], device="cpu", dtype="fp32")
+    part = {"type": "image_url", "image_url": {"url": data_url(picture())}}
+    sizes = {name: image_part(part, "messages[0].content[0]", budget_for(ImageSettings(), name, engine, name))
+             ["image"].size for name in ("tuned", "plain")}
+    assert sizes == {"tuned": (40, 40), "plain": (64, 64)}
+
+
 def test_merged_vlm_loads_in_plain_transformers_with_the_adapters_logits(tmp_path, tiny_vlm_dir, vlm_lora_dir):
     """roctune merge of LoRA on the language model, vision tower and connector: the folder loads with
     AutoModelForImageTextToText and AutoProcessor alone, and its logits on a picture prompt (rendered by the

@@ -94,10 +94,11 @@ def run(args) -> int:
     from transformers import TextStreamer
 
     from roctune.data.images import open_image
-    from roctune.generate import generate, load_for_inference, require_vision
+    from roctune.generate import generate, image_pixels, load_for_inference, require_vision
 
     check_inference_args(args)
-    images = [open_image(path, "--image") for path in args.image]  # checked before the model loads
+    pixels = image_pixels(args.adapter) if args.image else None  # scaled as the run trained (run.yaml)
+    images = [open_image(path, "--image", pixels=pixels) for path in args.image]  # checked before the model loads
     if images:
         require_vision(args.adapter, args.model, "--image")
     if getattr(args, "tools", None) or getattr(args, "environment", None):
@@ -121,7 +122,7 @@ def run(args) -> int:
             print("(history cleared)")
             continue
         if text.startswith("/image"):
-            images += _attach(text[len("/image"):].strip(), vision, lineno)
+            images += _attach(text[len("/image"):].strip(), loaded, lineno)
             continue
         history.append(_user_turn(text, images))
         images = []
@@ -136,16 +137,17 @@ def run(args) -> int:
     return 0
 
 
-def _attach(path: str, vision: bool, lineno: int) -> list:
-    """/image PATH: the picture for the next message, or a line saying why not (the chat goes on)."""
+def _attach(path: str, loaded, lineno: int) -> list:
+    """/image PATH: the picture for the next message (scaled as the run trained), or a line saying why not (the chat
+    goes on)."""
     from roctune.data.images import open_image
     from roctune.errors import RoctuneError
 
-    if not vision:
+    if loaded.processor is None:
         print("(this model is text-only: it cannot take images)")
         return []
     try:
-        img = open_image(path, f"stdin line {lineno}: /image")
+        img = open_image(path, f"stdin line {lineno}: /image", pixels=loaded.image_pixels)
     except RoctuneError as e:
         print(f"({e})")
         return []

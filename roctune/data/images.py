@@ -296,10 +296,12 @@ def load(ref: ImageRef, max_pixels: int = DEFAULT_MAX_PIXELS, min_pixels: int = 
     return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
 
 
-def open_image(value: str, where: str, limits: ImageLimits | None = None):
+def open_image(value: str, where: str, limits: ImageLimits | None = None,
+               pixels: tuple[int, int] = (DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS)):
     """A picture given at inference (`chat --image PATH`, a web upload's file), relative to the current folder,
-    checked (`read_image`) and loaded as training loads one (`load`)."""
-    return load(read_image(value, [os.getcwd()], where, limits))
+    checked (`read_image`) and loaded as training loads one (`load`), within `pixels` (max, min: the run's
+    --image-max-pixels and --image-min-pixels, roctune.generate.image_pixels)."""
+    return load(read_image(value, [os.getcwd()], where, limits), *pixels)
 
 
 # ------------------------------------------------------------------------------------------- clients and checks

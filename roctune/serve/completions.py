@@ -46,7 +46,7 @@ def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None, image
     """The request's prompt: its messages and tools (chat), or its prompt as one user turn or raw. Run in a
     worker thread: rendering, tokenizing, decoding images and compiling a grammar may take a while. `images`: the
     server's image settings (serve/images.py) when the model takes images, else None."""
-    from roctune.serve.images import Budget
+    from roctune.serve.images import budget_for
 
     if not chat:
         prompt, raw = parse_prompt(body)
@@ -55,7 +55,7 @@ def prompt_ids(body: dict, engine, chat: bool, adapter: str | None = None, image
             raise bad_field("prompt", "the prompt is empty")
         return Prompt(ids)
     opts = parse_chat_options(body)
-    messages = parse_messages(body.get("messages"), Budget(images, body["model"]))
+    messages = parse_messages(body.get("messages"), budget_for(images, body["model"], engine, adapter))
     return chat_prompt(engine, adapter, body["model"], messages, opts)
 
 

@@ -135,6 +135,12 @@ class Engine:
         with self._tok_lock:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def image_pixels(self, adapter: str | None) -> tuple[int, int]:
+        """(max, min) pixels the run behind `adapter` (None: the base) scaled its pictures to in training."""
+        from roctune.generate import image_pixels
+
+        return image_pixels(self.adapters[adapter].path if adapter in self.adapters else None)
+
     def tool_format(self, adapter: str | None) -> str | None:
         """How the model behind `adapter` (None: the base) writes tool calls: what its run recorded in run.yaml
         while it trained, else what the chat template writes (answer_format)."""

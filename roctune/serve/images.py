@@ -7,6 +7,7 @@ other URL is a 400 naming the part. A request's images are limited in number and
 
 from dataclasses import dataclass, field
 
+from roctune.data.images import DEFAULT_MAX_PIXELS as FIT_MAX_PIXELS, DEFAULT_MIN_PIXELS as FIT_MIN_PIXELS
 from roctune.data.images import MAX_IMAGE_BYTES, ImageLimits
 from roctune.serve.errors import bad_field
 
@@ -24,11 +25,21 @@ class ImageSettings:
 
 @dataclass
 class Budget:
-    """What one request has used of its image allowance."""
+    """What one request has used of its image allowance; `pixels`: the (max, min) its model's run scaled pictures
+    to in training (roctune.generate.image_pixels), which its pictures are scaled to."""
 
     settings: ImageSettings | None
     model: str
     images: int = 0
+    pixels: tuple[int, int] = (FIT_MAX_PIXELS, FIT_MIN_PIXELS)
+
+
+def budget_for(settings: ImageSettings | None, model: str, engine, adapter: str | None) -> Budget:
+    """A request's image budget: its pictures scaled as the run behind `adapter` trained (engine.image_pixels),
+    where the model takes images (`settings` not None)."""
+    if settings is None:
+        return Budget(None, model)
+    return Budget(settings, model, pixels=engine.image_pixels(adapter))
 
 
 def is_image_part(part) -> bool:
@@ -58,6 +69,7 @@ def image_part(part: dict, where: str, budget: Budget) -> dict:
         raise bad_field("messages", f"field '{where}': the request holds more than {budget.settings.max_images} "
                         "images (--max-images)", code="too_many_images")
     try:
-        return {"type": "image", "image": load(read_data_url(url, f"{where}.image_url.url", budget.settings.limits))}
+        ref = read_data_url(url, f"{where}.image_url.url", budget.settings.limits)
+        return {"type": "image", "image": load(ref, *budget.pixels)}
     except DataError as e:
         raise bad_field("messages", f"field {e}", code="invalid_image") from None

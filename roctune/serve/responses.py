@@ -69,7 +69,7 @@ class Prepared:
 def prepare(body: dict, engine, store: ResponseStore, adapter: str | None, images=None) -> Prepared:
     """The checked request, its conversation and prompt. Run in a worker thread (rendering and decoding images take a
     while). `images`: the server's image settings when the model takes images (serve/images.py), else None."""
-    from roctune.serve.images import Budget
+    from roctune.serve.images import budget_for
 
     req = parse_request(body)
     earlier = []
@@ -80,7 +80,7 @@ def prepare(body: dict, engine, store: ResponseStore, adapter: str | None, image
         earlier = stored.turns
     shape = chat_shape(req, earlier)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    messages = parse_messages(system + earlier + shape.turns, Budget(images, body["model"]))
+    messages = parse_messages(system + earlier + shape.turns, budget_for(images, body["model"], engine, adapter))
     opts = parse_chat_options(shape.options)
     prompt = chat_prompt(engine, adapter, body["model"], messages, opts, ("input", "text.format"))
     return Prepared(req, prompt, earlier + shape.turns)

@@ -159,7 +159,7 @@ def _picture(path: str | None, loaded):
     if loaded.processor is None:
         raise RoctuneError(f"picture: {loaded.base_model} is a text-only model (no vision tower); remove the picture "
                            "or pick a vision-language model")
-    return open_image(path, "picture")
+    return open_image(path, "picture", pixels=loaded.image_pixels)  # scaled as the run trained
 
 
 def send_handler(ws, models: ModelCache):
