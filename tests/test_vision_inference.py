@@ -101,7 +101,8 @@ def test_chat_with_an_image_answers_as_generate_does(tmp_path, monkeypatch, caps
 def test_pictures_at_inference_are_scaled_as_the_run_trained_them(tmp_path, tiny_vlm_dir, vlm_lora_dir):
     """A run trained with --image-max-pixels / --image-min-pixels (run.yaml): `chat --image` and the web UI's border
     (open_image with the run's pixels), the server's border (the request budget of the adapter it asks for) and
-    load_for_inference scale a 64 x 64 picture to 40 x 40, as training did; a run that does not say, the defaults."""
+    load_for_inference scale a 64 x 64 picture to 40 x 40, as training did; a run that does not say, the defaults; a
+    whole-model run served as the base, its own bounds."""
     import shutil
 
     from roctune import rundir
@@ -124,6 +125,12 @@ def test_pictures_at_inference_are_scaled_as_the_run_trained_them(tmp_path, tiny
     sizes = {name: image_part(part, "messages[0].content[0]", budget_for(ImageSettings(), name, engine, name))
              ["image"].size for name in ("tuned", "plain")}
     assert sizes == {"tuned": (40, 40), "plain": (64, 64)}
+    whole = str(tmp_path / "whole")  # a run that trained the whole model, served as the base
+    shutil.copytree(tiny_vlm_dir, whole)
+    rundir.write_run(whole, {"base_model": tiny_vlm_dir, "config": {"method": "full", "image_max_pixels": 48 * 48}})
+    engine = build_engine(whole, [], device="cpu", dtype="fp32")
+    base = image_part(part, "messages[0].content[0]", budget_for(ImageSettings(), engine.base_id, engine, None))
+    assert base["image"].size == (48, 48)
 
 
 def test_merged_vlm_loads_in_plain_transformers_with_the_adapters_logits(tmp_path, tiny_vlm_dir, vlm_lora_dir):

@@ -136,10 +136,14 @@ class Engine:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def image_pixels(self, adapter: str | None) -> tuple[int, int]:
-        """(max, min) pixels the run behind `adapter` (None: the base) scaled its pictures to in training."""
+        """(max, min) pixels the run behind `adapter` scaled its pictures to in training; for the base (None), its
+        own run's when the base is a run folder (freeze/full), else the defaults."""
+        from roctune import rundir
         from roctune.generate import image_pixels
 
-        return image_pixels(self.adapters[adapter].path if adapter in self.adapters else None)
+        if adapter in self.adapters:
+            return image_pixels(self.adapters[adapter].path)
+        return image_pixels(self.base_path if rundir.is_run_dir(self.base_path) else None)
 
     def tool_format(self, adapter: str | None) -> str | None:
         """How the model behind `adapter` (None: the base) writes tool calls: what its run recorded in run.yaml
