@@ -15,6 +15,7 @@ import os
 import sys
 
 ENV = "THP_MEM_ALLOC_ENABLE"
+HUGE_PAGE_BYTES = 2 * 2 ** 20  # PyTorch's huge-page path takes tensors of this many bytes and more
 _set_by_roctune = False
 
 
@@ -28,6 +29,12 @@ def use_huge_pages(environ=None, modules=None) -> bool:
         environ[ENV] = "1"
         _set_by_roctune = True
     return environ.get(ENV) == "1"
+
+
+def huge_pages_on(environ=None) -> bool:
+    """Whether this process's training puts large CPU tensors on huge pages: the variable as the CLI leaves it (a
+    `roctune train` the CLI starts gets the same), or as the caller's environment has it (a script)."""
+    return (os.environ if environ is None else environ).get(ENV) == "1"
 
 
 def users_environment(environ=None) -> dict[str, str]:

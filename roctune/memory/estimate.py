@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from roctune.errors import ConfigError
+from roctune.hardware.allocator import HUGE_PAGE_BYTES
 from roctune.method_rows import DEFAULT, METHODS, NAMES, Method
 from roctune.memory.architecture import Architecture, Linear
 from roctune.memory.result import GiB, MemoryEstimate
@@ -70,9 +71,11 @@ CPU_PROCESS_BYTES = int(0.38 * GiB)
 # the next sizes do not fit. Measured by scripts/measure_rss.py (peak RSS less the rest of the estimate, LoRA steps of
 # the bundled model at 4 x 181 to 8 x 256 and 2 x 1,024 tokens, tests/data/rss_measured_cpu.json; and of the assembled
 # vision model, scripts/bench_vision.py): 0.0-0.7 of the activations, most runs 0.3-0.6, varying between identical
-# runs; 0.33 keeps every measured run within 15%. Giving every allocation its own mapping removes the holes
-# (roctune.hardware.allocator) but cost a third of the speed at these lengths, so roctune maps only long sequences
-# (roctune.memory.plan.maps_large_allocations), whose estimate leaves the holes out.
+# runs; 0.33 keeps every measured run within 15%. On huge pages (THP_MEM_ALLOC_ENABLE=1, the CLI's default) hidden
+# states of 2 MiB and more left few holes (0.02-0.12) and none are counted there (_holes_counted). Giving every
+# allocation its own mapping removes the holes (roctune.hardware.allocator) but cost a third of the speed at these
+# lengths, so roctune maps only long sequences (roctune.memory.plan.maps_large_allocations), whose estimate leaves the
+# holes out.
 CPU_HEAP_HOLES = 0.33
 # roctune.training.losses.CHUNK_ELEMENTS (logit elements per chunk of the chunked output layer); memory imports no
 # torch, so the number is repeated here and tests/test_long_context.py checks the two agree.
@@ -149,6 +152,7 @@ class _Run:
     chunked_head: bool = False  # the frozen output layer run in chunks (roctune.training.losses)
     rss: bool = False
     heap_holes: bool = False
+    huge_pages: bool = False  # THP_MEM_ALLOC_ENABLE=1 (roctune.hardware.allocator)
 
     @property
     def T(self) -> int:  # tokens per micro-batch
@@ -350,11 +354,17 @@ def _not_concurrent(r: _Run, act, recompute, logits, grads, step_ws, details: di
     return peak_dynamic - together
 
 
+def _holes_counted(r: _Run) -> bool:
+    """Whether the heap's holes are counted: asked for (heap_holes), except on huge pages where a step's hidden-state
+    tensors reach 2 MiB, which left few holes (measured: 0.02-0.12 of the activations, against 0.4-0.7 below)."""
+    return r.heap_holes and not (r.huge_pages and r.T * r.arch.hidden * r.s >= HUGE_PAGE_BYTES)
+
+
 def _overhead(r: _Run, act: float, logits: float, details: dict) -> float:
     """What is resident beside the live tensors: the GPU context and allocator fragmentation; on the CPU with
     `rss`, the process itself and, with `heap_holes`, the heap's holes beside the activations (CPU_HEAP_HOLES)."""
     if r.rss:
-        holes = CPU_HEAP_HOLES * act if r.heap_holes else 0
+        holes = CPU_HEAP_HOLES * act if _holes_counted(r) else 0
         details["overhead"] = ("the process itself: interpreter and libraries (peak RSS counts them)" +
                                (f" + {CPU_HEAP_HOLES:.0%} of activations (holes in the C heap)" if holes else ""))
         return CPU_PROCESS_BYTES + holes
@@ -371,7 +381,7 @@ def _settings(r: _Run, p: _Params) -> dict:
                 "lora_dropout": r.lora_dropout if (r.lora and r.lora_dropout > 0) else 0.0,
                 "device": r.device, "grad_accum": r.grad_accum, "autocast": r.autocast,
                 "long_context": r.long_context, "offload": r.offload, "chunked_head": r.chunked_head, "rss": r.rss,
-                "heap_holes": r.heap_holes}
+                "heap_holes": _holes_counted(r), "huge_pages": r.huge_pages}
     if r.row.trains_base and not r.row.trains_all:
         settings["freeze_trainable_layers"] = p.trained_layers
     return settings
@@ -382,7 +392,8 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
              optimizer: str = "adamw", supervised_fraction: float = 1.0, lora_dropout: float = 0.05,
              freeze_trainable_layers: int = 2, padded: bool = True, device: str = "cuda",
              grad_accum: int = 1, autocast: bool | None = None, long_context: bool = False, offload: bool = False,
-             chunked_head: bool = False, rss: bool = False, heap_holes: bool = False) -> MemoryEstimate:
+             chunked_head: bool = False, rss: bool = False, heap_holes: bool = False,
+             huge_pages: bool = False) -> MemoryEstimate:
     """Estimate the peak memory of one training step. See the module docstring for what is counted.
 
     config: a transformers PretrainedConfig, a config dict, a model directory/config.json/GGUF path, a hub
@@ -402,14 +413,15 @@ def estimate(config: Any, *, method: str = DEFAULT, batch_size: int = 1, max_len
     offload: their inputs wait in host memory (GPU); chunked_head: the frozen output layer runs in chunks (roctune's
     loss at supervised positions); rss: on the CPU, add the process's own memory (for comparing with peak RSS);
     heap_holes (with rss): add the heap's holes beside the activations (CPU_HEAP_HOLES; not where every large
-    allocation gets its own mapping, roctune.hardware.allocator).
+    allocation gets its own mapping, roctune.hardware.allocator); huge_pages: large tensors on huge pages, where
+    hidden states of 2 MiB and more leave few holes.
     roctune.memory.plan.estimate_run sets these as `train` does.
     """
     arch = config if isinstance(config, Architecture) else Architecture.from_config(config)
     r = _checked_run(arch, method, batch_size, max_length, lora_r, dtype, grad_checkpointing, attn, optimizer,
                      supervised_fraction, lora_dropout, padded, device, grad_accum, autocast,
                      long_context=long_context, offload=offload, chunked_head=chunked_head, rss=rss,
-                     heap_holes=heap_holes)
+                     heap_holes=heap_holes, huge_pages=huge_pages)
     notes: list[str] = []
     details: dict[str, str] = {}
     p = _parameters(r, target_modules, freeze_trainable_layers, details)

@@ -73,6 +73,7 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
     vision-language model (`vision_model`: its folder) adds its tower and projector, with `images` per example
     (roctune.memory.vision; their tokens are part of --max-length)."""
     from roctune.families import family_of
+    from roctune.hardware.allocator import huge_pages_on
     from roctune.memory.architecture import Architecture
     from roctune.memory.estimate import estimate
 
@@ -92,7 +93,8 @@ def estimate_run(model, cfg, *, device: str, dtype: str | None = None, attn: str
                     grad_accum=cfg.grad_accum, padded=not packed and B > 1, device=device,
                     supervised_fraction=supervised_fraction if cfg.loss_on_supervised_only else 1.0,
                     optimizer=getattr(cfg, "optimizer", "adamw"), rss=device == "cpu", chunked_head=chunked,
-                    heap_holes=device == "cpu" and not maps_large_allocations(device, L))
+                    heap_holes=device == "cpu" and not maps_large_allocations(device, L),
+                    huge_pages=device == "cpu" and huge_pages_on())
     if plan.offload:
         est.notes.append(f"checkpointed layer inputs offloaded: {est.host_bytes / 2**30:.2f} GiB of pinned host "
                          f"memory, not in the GPU total ({plan.reason})")
