@@ -73,6 +73,7 @@ class Engine:
         self._tok_lock = threading.Lock()
         self._decode_tok = copy.deepcopy(self.tokenizer)  # the worker's own (see decode)
         self._tool_formats: dict[str | None, str | None] = {}
+        self._image_pixels: dict[str | None, tuple[int, int]] = {}  # run folder -> its pixel bounds (image_pixels)
         n_vocab = base.get_output_embeddings().weight.shape[0]
         self.grammars = Grammars(self._decode_tok, n_vocab, self.eos_ids)  # llguidance, imported on first use
         self._queue: queue.Queue = queue.Queue()
@@ -137,13 +138,18 @@ class Engine:
 
     def image_pixels(self, adapter: str | None) -> tuple[int, int]:
         """(max, min) pixels the run behind `adapter` scaled its pictures to in training; for the base (None), its
-        own run's when the base is a run folder (freeze/full), else the defaults."""
+        own run's when the base is a run folder (freeze/full), else the defaults. Read once per run folder (as
+        tool_format is), not on every request."""
         from roctune import rundir
         from roctune.generate import image_pixels
 
         if adapter in self.adapters:
-            return image_pixels(self.adapters[adapter].path)
-        return image_pixels(self.base_path if rundir.is_run_dir(self.base_path) else None)
+            path = self.adapters[adapter].path
+        else:
+            path = self.base_path if rundir.is_run_dir(self.base_path) else None
+        if path not in self._image_pixels:
+            self._image_pixels[path] = image_pixels(path)
+        return self._image_pixels[path]
 
     def tool_format(self, adapter: str | None) -> str | None:
         """How the model behind `adapter` (None: the base) writes tool calls: what its run recorded in run.yaml
