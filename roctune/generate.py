@@ -34,8 +34,8 @@ def image_pixels(run: "str | rundir.Run | None") -> tuple[int, int]:
     run = rundir.open(run) if isinstance(run, str) else run
     if run is None:
         return DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS
-    return (int(run.setting("image_max_pixels", DEFAULT_MAX_PIXELS)),
-            int(run.setting("image_min_pixels", DEFAULT_MIN_PIXELS)))
+    return (run.count("image_max_pixels", DEFAULT_MAX_PIXELS),
+            run.count("image_min_pixels", DEFAULT_MIN_PIXELS))
 
 
 def load_for_inference(adapter: "str | rundir.Run | None" = None, model: str | None = None, device: str = "auto",

@@ -72,6 +72,24 @@ def test_chat_image_file_refused_before_loading(tmp_path, monkeypatch, capsys, v
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["large", 0, True])
+def test_run_yaml_pixels_edited_to_a_non_number_is_one_line(tmp_path, capsys, vlm_lora_dir, tiny_vlm_dir, value):
+    """A run.yaml whose image_max_pixels was edited to something that is not a positive whole number: chat --image
+    refuses in one line naming the file and field, before any model loads (it was a ValueError's traceback)."""
+    import shutil
+
+    from roctune import rundir
+    from roctune.cli import main
+
+    run = str(tmp_path / "run")
+    shutil.copytree(vlm_lora_dir, run)
+    rundir.write_run(run, {"base_model": tiny_vlm_dir, "config": {"method": "lora", "image_max_pixels": value}})
+    picture().save(tmp_path / "q.png")
+    assert main(["chat", "--adapter", run, "--image", str(tmp_path / "q.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run.yaml: config.image_max_pixels is" in err[0] and "positive whole number" in err[0]
+
+
 def test_chat_image_to_a_text_only_model_is_refused(tmp_path, capsys, tiny_model_dir):
     from roctune.cli import main
 

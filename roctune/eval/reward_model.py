@@ -89,7 +89,7 @@ def pairwise(run: "rundir.Run", data: list[str], say, batch_size: int = 8, max_l
     from roctune.data.preference import load_pairs
 
     pairs = load_pairs(data)  # the data is checked before the model loads
-    length = max_length or int(run.setting("max_length", 4096))
+    length = max_length or run.count("max_length", 4096)
     rm = load(run, **kw)
     say(f"scoring {len(pairs)} held-out pair(s) with the reward model {run.path}")
     convs = [p.prompt + [{"role": "assistant", "content": a}] for p in pairs for a in (p.chosen, p.rejected)]

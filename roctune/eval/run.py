@@ -44,7 +44,7 @@ def prepare(opts: Options) -> tuple[list, int, tuple | None]:
     for r in records:
         if not any(m["role"] == "assistant" for m in r.messages):
             raise DataError(f"{r.source}: no reference answer; eval needs records with an assistant answer")
-    max_length = opts.max_length or int(opts.run.setting("max_length", 512))
+    max_length = opts.max_length or opts.run.count("max_length", 512)
     return records, max_length, tasks
 
 

@@ -16,7 +16,7 @@ def prepare(data: list[str], run: "rundir.Run", max_length: int | None) -> tuple
     from roctune.data.text import load_documents
 
     docs = load_documents(data)
-    return docs, max_length or int(run.setting("max_length", 512))
+    return docs, max_length or run.count("max_length", 512)
 
 
 def evaluate(run: "rundir.Run", docs: list, max_length: int, say, model: str | None = None, **kw) -> dict:

@@ -82,6 +82,15 @@ class Run:
         value = self.config.get(name)
         return default if value is None else value
 
+    def count(self, name: str, default: int) -> int:
+        """A setting that is a positive whole number (max_length, image_max_pixels), else `default`: a run.yaml
+        edited by hand to anything else is one error naming the file and field, not a traceback where it is used."""
+        value = self.setting(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{os.path.join(self.path, RUN_FILE)}: config.{name} is {str(value)[:40]!r}, not a "
+                              f"positive whole number; restore it (e.g. {default}) or train again")
+        return value
+
     def tokenizer_source(self, base: str) -> str:
         """Where its tokenizer is: saved in the run, else the base model's."""
         return self.path if os.path.isfile(os.path.join(self.path, TOKENIZER_CONFIG)) else base
