@@ -79,10 +79,10 @@ browser:
 # Two pytest workers (pytest-xdist), whole files each (fixtures shared within a file stay shared): the suite spends
 # much of its time in one-threaded work (importing torch in the processes it starts, tokenizers, llama.cpp loads,
 # servers starting), so two run side by side on the two cores; each worker and what it starts runs torch with one
-# thread (tests/conftest.py), as two processes with two threads each slow each other down. TEST_WORKERS=0 runs the
-# suite in one process.
+# thread (tests/conftest.py), as two processes with two threads each slow each other down. The longest files go
+# first, in the order tests/conftest.py collects them (HEAVY_FIRST). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
-PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: browser
 	$(MAKE) --no-print-directory -j2 setup vllm

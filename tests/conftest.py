@@ -20,12 +20,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# The files that take longest under `make test` (its --durations list: browser walks, vLLM servers, GGUF exports),
-# collected first: pytest-xdist hands whole files (--dist loadfile) to the two workers in collection order, and in
-# alphabetical order the web UI files came last, where one worker ran them while the other had nothing left. (Not
-# test_serve_agents.py: it waits for the agent run that test_serve_vllm.py trains, conftest.built_once.)
+# The files that take longest under `make test` (40-125 s each: browser walks, vLLM servers, GGUF exports, the
+# family matrix), collected first: pytest-xdist hands whole files (--dist loadfile --no-loadscope-reorder, the
+# Makefile) to the two workers in collection order, and in alphabetical order the web UI files came last, where one
+# worker ran them while the other had nothing left. (Without --no-loadscope-reorder xdist orders the files by their
+# number of tests instead.) Not test_serve_agents.py: it waits for the agent run that test_serve_vllm.py trains
+# (conftest.built_once).
 HEAVY_FIRST = ("test_webui_zh.py", "test_webui.py", "test_export.py", "test_families.py", "test_grpo_vllm.py",
-               "test_serve_vllm.py", "test_export_families.py", "test_distributed.py")
+               "test_serve_vllm.py", "test_export_families.py", "test_distributed.py", "test_agents.py",
+               "test_templates.py", "test_model_from_gguf.py", "test_compile.py")
 
 
 def pytest_collection_modifyitems(items):
