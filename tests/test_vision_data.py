@@ -158,6 +158,23 @@ def test_one_question_about_different_pictures_is_no_repeat(place, tmp_path, cap
     assert sorted(kept) == [["blue.png"], ["red.png"]]
 
 
+def test_a_pictures_hash_is_taken_when_it_is_read(tmp_path):
+    """The duplicate checks' hash of a picture comes from the bytes read to check it: the file is not read again
+    (removed after reading, it still hashes), and the same bytes as a file or a data URL hash alike."""
+    import base64
+
+    from roctune.data.images import read_image
+
+    _png(tmp_path / "red.png")
+    raw = (tmp_path / "red.png").read_bytes()
+    from_file = read_image("red.png", [str(tmp_path)], "d.jsonl:1")
+    from_url = read_image(f"data:image/png;base64,{base64.b64encode(raw).decode()}", [str(tmp_path)], "d.jsonl:2")
+    os.remove(tmp_path / "red.png")
+    assert from_file.content_hash() == from_url.content_hash()
+    _png(tmp_path / "blue.png", colour=(20, 20, 200))
+    assert read_image("blue.png", [str(tmp_path)], "d.jsonl:3").content_hash() != from_url.content_hash()
+
+
 def test_the_bundled_vision_example_is_clean(capsys):
     """examples/vision_shapes*.jsonl (scripts/make_vision_example.py): every picture reads, no record repeats
     another or the held-out split, no question has two answers; the training split asks the shape four times in

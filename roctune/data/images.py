@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import math
 import os
 import re
@@ -69,22 +70,21 @@ class ImageRef:
     format: str  # PNG, JPEG, ... (Pillow's name)
     path: str | None = None
     data: bytes | None = field(default=None, repr=False)
+    digest: bytes = field(default=b"", repr=False, compare=False)  # of the bytes read when it was checked
 
     @property
     def nbytes(self) -> int:
         return len(self.data) if self.data is not None else os.path.getsize(self.path)
 
     def content_hash(self) -> int:
-        """A hash of the image's bytes (its file's, read again: the record keeps no pixels), so duplicate checks
-        see two records with one question and different pictures as different (and one picture under two paths
-        as the same)."""
-        if self.data is not None:
-            return hash(self.data)
-        try:
-            with open(self.path, "rb") as f:
-                return hash(f.read())
-        except OSError as e:
-            raise DataError(f"{self.source}: {e.strerror}") from None
+        """A hash of the image's bytes, taken when they were read to be checked (a file is not read again), so
+        duplicate checks see two records with one question and different pictures as different (and one picture
+        under two paths, or as a file and a data URL, as the same)."""
+        return hash(self.digest or _digest(self.data or b""))
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 def _pil():
@@ -146,7 +146,7 @@ def _from_data_url(url: str, where: str, limits: ImageLimits) -> ImageRef:
     except (binascii.Error, ValueError):
         raise DataError(f"{where}: the data URL's base64 does not decode; encode the image again") from None
     width, height, fmt = _open(raw, where, limits)
-    return ImageRef(f"data URL ({len(raw)} bytes)", width, height, fmt, data=raw)
+    return ImageRef(f"data URL ({len(raw)} bytes)", width, height, fmt, data=raw, digest=_digest(raw))
 
 
 def _resolve_path(value: str, roots: list[str], where: str) -> str:
@@ -173,10 +173,14 @@ def _from_path(value: str, roots: list[str], where: str, limits: ImageLimits) ->
                         f"({_size(limits.max_bytes)}); compress or scale it down")
     try:
         with open(path, "rb") as f:
-            width, height, fmt = _open(f, f"{where}: image {path}", limits)
+            raw = f.read(limits.max_bytes + 1)  # read once: decoded here and hashed for the duplicate checks
     except PermissionError:
         raise DataError(f"{where}: image {path} cannot be read (permission denied)") from None
-    return ImageRef(os.path.abspath(path), width, height, fmt, path=os.path.abspath(path))
+    if len(raw) > limits.max_bytes:  # it grew after the size check
+        raise DataError(f"{where}: image {path} is more than roctune reads ({_size(limits.max_bytes)}); compress or "
+                        "scale it down")
+    width, height, fmt = _open(raw, f"{where}: image {path}", limits)
+    return ImageRef(os.path.abspath(path), width, height, fmt, path=os.path.abspath(path), digest=_digest(raw))
 
 
 def read_image(value, roots: list[str], where: str, limits: ImageLimits | None = None) -> ImageRef:
