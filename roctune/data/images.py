@@ -174,8 +174,9 @@ def _from_path(value: str, roots: list[str], where: str, limits: ImageLimits) ->
     try:
         with open(path, "rb") as f:
             raw = f.read(limits.max_bytes + 1)  # read once: decoded here and hashed for the duplicate checks
-    except PermissionError:
-        raise DataError(f"{where}: image {path} cannot be read (permission denied)") from None
+    except OSError as e:
+        why = "permission denied" if isinstance(e, PermissionError) else e.strerror or type(e).__name__
+        raise DataError(f"{where}: image {path} cannot be read ({why})") from None
     if len(raw) > limits.max_bytes:  # it grew after the size check
         raise DataError(f"{where}: image {path} is more than roctune reads ({_size(limits.max_bytes)}); compress or "
                         "scale it down")
