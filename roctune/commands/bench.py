@@ -2,7 +2,8 @@
 on a fixed workload; `--baseline` runs the plain transformers Trainer + PEFT recipe on the identical examples,
 order and hyperparameters and prints the ratio; `--attn eager,sdpa,flash_attention_2` compares kernels; `--compile` adds roctune with compiled decoder layers.
 Each run also reports the aten ops (and GPU kernels) of one optimizer step from torch.profiler; tokens/s leaves out
-the first step (it compiles) and the profiled one; the first step's time is shown on its own."""
+the first step (it compiles) and the profiled one (the last, whose end is where the peak memory is read); the first
+step's time is shown on its own."""
 from __future__ import annotations
 
 from roctune import config
