@@ -13,7 +13,7 @@ launches a launch-bound GPU step pays for. It is the last step, and the run's pe
 the profiler turns its records into events: on the CPU that took 0.72 GiB of host memory that glibc and Python's
 allocator keep (the bundled model's step, 121k ops: 3.38 GiB peak RSS against 2.65 GiB without the profiler), and
 had been counted in the peak of every run since the counter came in. What the peak still holds of the profiler is
-its records during that one step (about 0.4 KiB an op: some 45 MiB there).
+its records during that one step (about 0.4 KiB an op; 28 MiB on that step).
 
 MFU counts model FLOPs per trained token the standard way for LoRA with frozen weights: 2·N forward +
 2·N backward (input gradients only), N = parameters in matrix multiplies including the output layer,
@@ -157,10 +157,9 @@ def _train_config(w: Workload, output: str):
 
 def run_roctune(w: Workload) -> dict:
     from roctune import rundir
+    from roctune.hardware import choose_device
     from roctune.recipes import train
     from roctune.training import loop
-
-    from roctune.hardware import choose_device
 
     counter, calls = OpCounter(choose_device(w.device).value), {"step": 0}
     accumulate, optimizer_step = loop._State.accumulate, loop.optimizer_step
@@ -292,8 +291,8 @@ def run_baseline(w: Workload) -> dict:
             "step_tokens": [sum(len(examples[i].input_ids) for i in s) for s in per_step],
             "step_supervised": [sum(supervised_count(examples[i].labels) for i in s) for s in per_step],
             "aten_ops": counter.aten_ops, "kernels": counter.kernels, "profiled_step": counter.step,
-            "held_peak_bytes": counter.held, "tokens": n_tok, "supervised_tokens": n_sup, "device": device, "dtype": dtype, "attn": w.attn,
-            "packed": False, "summary_seconds": seconds}
+            "held_peak_bytes": counter.held, "tokens": n_tok, "supervised_tokens": n_sup, "device": device,
+            "dtype": dtype, "attn": w.attn, "packed": False, "summary_seconds": seconds}
 
 
 def measure_peak_flops(device: str, dtype: str, size: int = 2048, seconds: float = 1.5) -> float:
