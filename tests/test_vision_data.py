@@ -161,8 +161,6 @@ def test_one_question_about_different_pictures_is_no_repeat(place, tmp_path, cap
 def test_a_pictures_hash_is_taken_when_it_is_read(tmp_path):
     """The duplicate checks' hash of a picture comes from the bytes read to check it: the file is not read again
     (removed after reading, it still hashes), and the same bytes as a file or a data URL hash alike."""
-    import base64
-
     from roctune.data.images import read_image
 
     _png(tmp_path / "red.png")
