@@ -42,3 +42,20 @@ def test_the_last_step_is_counted_and_left_out_of_tokens_per_second(tiny_model_d
     row = summarize("roctune", r, peak_flops=1e12, flops_per_token=1.0)
     assert row["s_per_step"] == r["step_times"][1]  # step 0 compiles, step 2 was profiled: step 1 alone is timed
     assert row["tokens_per_s"] == r["step_tokens"][1] / r["step_times"][1]
+
+
+BIG_PARENT = """
+import subprocess, sys
+big = bytearray(1 << 30)
+for i in range(0, len(big), 4096):
+    big[i] = 1
+child = "from roctune.hardware import accel; print(accel.peak_memory_bytes('cpu'))"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
+"""
+
+
+def test_a_run_started_by_a_larger_process_reports_its_own_peak():
+    """The CPU peak is the process's own (VmHWM): a child of a process holding 1 GiB reported that 1 GiB as its peak
+    through ru_maxrss (the web UI starts training this way, pytest workers and `roctune bench` start runs so)."""
+    out = subprocess.run([sys.executable, "-c", BIG_PARENT], capture_output=True, text=True, check=True).stdout
+    assert int(out.strip().splitlines()[-1]) < 512 << 20, out

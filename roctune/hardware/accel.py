@@ -42,15 +42,25 @@ def synchronize(device: str) -> None:
 
 
 def peak_memory_bytes(device: str) -> int:
-    """Peak memory so far: allocated accelerator memory (this process), or the process's peak resident memory on
-    the CPU (Linux reports it in KiB)."""
+    """Peak memory so far: allocated accelerator memory (this process), or on the CPU the peak resident memory of
+    this process's own address space (Linux's VmHWM). Not ru_maxrss where VmHWM can be read: a process started by
+    a larger one (the web UI, a test worker, a benchmark's parent) starts with that one's peak there, which Linux
+    records at exec (a child of a 3 GiB process reported 3 GiB, its VmHWM 11 MiB)."""
     if is_gpu(device):
         import torch
 
         return int(torch.accelerator.max_memory_allocated())
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
+    import sys
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def empty_cache(device: str) -> None:
