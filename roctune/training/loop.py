@@ -442,8 +442,8 @@ def host_numbers(sums: dict) -> dict[str, float]:
 
 
 def peak_memory_gib(device: str) -> float:
-    """Peak memory so far: allocated GPU memory on a GPU (this process), the process's peak resident memory on
-    the CPU (Linux reports it in KiB)."""
+    """Peak memory so far: allocated GPU memory on a GPU (this process), this process's own peak resident memory
+    on the CPU (accel.peak_memory_bytes)."""
     from roctune.hardware import accel
 
     return accel.peak_memory_bytes(device) / 2**30
