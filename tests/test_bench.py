@@ -1,8 +1,8 @@
 """`roctune bench`'s measurement: the op counter's profiled step is the last one, its time is left out of
 tokens/s with the first step's, and the run's peak memory is read at the end of that step, before torch.profiler
 turns its records into events (that bookkeeping took 0.72 GiB of the bundled model's 3.38 GiB peak and had been
-counted in every run's peak). The speed and memory figures themselves come from running the benchmark alone
-(README), not from tests."""
+counted in every run's peak); and a CPU peak is the process's own, not that of a larger process that started it.
+The speed and memory figures themselves come from running the benchmark alone (README), not from tests."""
 from __future__ import annotations
 
 import json
