@@ -340,7 +340,7 @@ def worker(kind: str, spec: str) -> None:
     result = run_roctune(w) if kind == "roctune" else run_baseline(w)
     # the peak at the end of the last (profiled) step, before the profiler's bookkeeping; without one, now
     result["peak_memory_bytes"] = result.pop("held_peak_bytes") or _peak_memory(result["device"])
-    result["huge_pages"] = os.environ.get(allocator.ENV) == "1"
+    result["huge_pages"] = allocator.huge_pages_on()
     print("BENCH_RESULT " + json.dumps(result))
 
 

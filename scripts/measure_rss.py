@@ -2,7 +2,7 @@
 estimate's CPU allowances (roctune.memory.estimate: CPU_PROCESS_BYTES, CPU_HEAP_HOLES) and
 tests/data/rss_measured_cpu.json, which tests/test_memory.py checks the estimate against.
 
-Each run is its own child process (its peak RSS, ru_maxrss, is its alone): LoRA r 8 (alpha 16, no dropout) on
+Each run is its own child process (its peak RSS, roctune.hardware.accel.peak_memory_bytes, is its alone): LoRA r 8 (alpha 16, no dropout) on
 q/k/v/o, fp32, AdamW, batches in file order (no length grouping), of records of random words that fill --max-length.
 A thread samples RSS and glibc's mallinfo2 every 3 ms, so the row also says how much of the heap was in use and how
 much was free (holes) at the peak. Run it alone (two cores: another process moves the figures):
@@ -16,7 +16,6 @@ import ctypes
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -69,11 +68,12 @@ def worker(spec: dict) -> dict:
             time.sleep(0.003)
 
     threading.Thread(target=sample, daemon=True).start()
+    from roctune.hardware import accel
     from roctune.recipes import train
 
     with tempfile.TemporaryDirectory(prefix="measure-rss-") as out:
         train(config(spec, out), log=lambda s: None, progress=False)
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    maxrss = accel.peak_memory_bytes("cpu")
     return {"peak_rss": maxrss, "heap_used_at_peak": peak["heap_used"], "heap_free_at_peak": peak["heap_free"]}
 
 

@@ -28,7 +28,7 @@ def use_huge_pages(environ=None, modules=None) -> bool:
     if ENV not in environ and sys.platform.startswith("linux") and "torch" not in modules:
         environ[ENV] = "1"
         _set_by_roctune = True
-    return environ.get(ENV) == "1"
+    return huge_pages_on(environ)
 
 
 def huge_pages_on(environ=None) -> bool:
