@@ -161,12 +161,14 @@ def test_one_question_about_different_pictures_is_no_repeat(place, tmp_path, cap
 def test_a_pictures_hash_is_taken_when_it_is_read(tmp_path):
     """The duplicate checks' hash of a picture comes from the bytes read to check it: the file is not read again
     (removed after reading, it still hashes), and the same bytes as a file or a data URL hash alike."""
-    from roctune.data.images import read_image
+    from roctune.data.images import ImageRef, read_image
 
-    _png(tmp_path / "red.png")
+    path = _png(tmp_path / "red.png")
     raw = (tmp_path / "red.png").read_bytes()
     from_file = read_image("red.png", [str(tmp_path)], "d.jsonl:1")
     from_url = read_image(f"data:image/png;base64,{base64.b64encode(raw).decode()}", [str(tmp_path)], "d.jsonl:2")
+    by_hand = ImageRef(path, 40, 36, "PNG", path=path)  # made without read_image: its file is read to hash it
+    assert by_hand.content_hash() == from_file.content_hash()
     os.remove(tmp_path / "red.png")
     assert from_file.content_hash() == from_url.content_hash()
     _png(tmp_path / "blue.png", colour=(20, 20, 200))

@@ -80,7 +80,15 @@ class ImageRef:
         """A hash of the image's bytes, taken when they were read to be checked (a file is not read again), so
         duplicate checks see two records with one question and different pictures as different (and one picture
         under two paths, or as a file and a data URL, as the same)."""
-        return hash(self.digest or _digest(self.data or b""))
+        if self.digest:
+            return hash(self.digest)
+        if self.data is not None:
+            return hash(_digest(self.data))
+        try:  # a reference made without reading its file (read_image takes the digest as it checks)
+            with open(self.path, "rb") as f:
+                return hash(_digest(f.read()))
+        except OSError as e:
+            raise DataError(f"{self.source}: {e.strerror}") from None
 
 
 def _digest(raw: bytes) -> bytes:
